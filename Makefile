@@ -1,0 +1,75 @@
+# turingbox — the two commands most people need: `make up` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= turingbox:$(VERSION)
+BASE_IMAGE ?= nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
+EXTRA_CA_CERT ?=
+COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+PYTEST ?= $(PYTHON) -m pytest
+# pytest exit 5 means "no tests collected": that is a failure here, never a silent pass.
+run_pytest = $(PYTEST) $(1); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+.PHONY: help dev up down logs plan image test test-unit test-image test-reliability lint \
+        warmup-cache bake bench-decode bench-prefill bench-startup verify-sm75 clean
+
+help:
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+dev: ## install everything for development (appliance, plugin, test tools) in editable mode
+	$(PYTHON) -m pip install -e ./plugin -e '.[dev]'
+
+up: ## build the image if needed and serve (the demo model when no model is given)
+	@docker image inspect $(IMAGE) >/dev/null 2>&1 || $(MAKE) image
+	TURINGBOX_IMAGE=$(IMAGE) $(COMPOSE) up -d
+	@echo "turingbox is starting: curl -s localhost:$${TURINGBOX_PORT:-8000}/health/ready"
+
+down: ## stop and remove the service (caches stay in their volume)
+	$(COMPOSE) down
+
+logs: ## follow the service log
+	$(COMPOSE) logs -f
+
+plan: ## print the plan for this machine's GPUs (GPUS_JSON=file to simulate)
+	turingbox plan $(if $(GPUS_JSON),--gpus-json $(GPUS_JSON)) $(if $(MODEL),--model $(MODEL))
+
+image: ## build the appliance image (BASE_IMAGE=..., EXTRA_CA_CERT=path for TLS-intercepting proxies)
+	DOCKER_BUILDKIT=1 docker build -t $(IMAGE) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
+	  $(if $(EXTRA_CA_CERT),--build-arg EXTRA_CA_CERT_B64=$$(base64 -w0 $(EXTRA_CA_CERT))) .
+
+test: test-unit test-image ## all tests (CPU unit/sidecar/planner tests, then the image)
+
+test-unit: ## planner, inventory, sidecar, signals, caches, plugin: no GPU, no Docker
+	@$(call run_pytest,tests -m "not docker and not gpu")
+
+test-image: ## build the image on a local stand-in base and smoke-test it without a GPU
+	@$(call run_pytest,tests/image -m docker)
+
+test-reliability: ## load, faults, bad input and security tests of the sidecar (no GPU)
+	@$(call run_pytest,tests/reliability)
+
+lint: ## hadolint, yamllint, kubernetes-validate
+	hadolint Dockerfile
+	yamllint -s compose.yaml compose.cpu.yaml deploy/kubernetes
+	kubernetes-validate deploy/kubernetes/*.yaml
+
+warmup-cache: ## seed the cache volume by running the image on this host's GPUs (Docker SDK)
+	$(PYTHON) -m turingbox_warmup.seed_docker --image $(IMAGE)
+
+bake: ## an image with a seeded cache entry inside (FROM_VOLUME=... or FROM_DIR=...)
+	$(PYTHON) -m turingbox_warmup.bake --image $(IMAGE) $(if $(FROM_VOLUME),--from-volume $(FROM_VOLUME)) $(if $(FROM_DIR),--from-dir $(FROM_DIR))
+
+bench-decode: ## decode tok/s against a running server (URL=http://localhost:8000)
+	turingbox bench decode --url $${URL:-http://localhost:8000} --json
+
+bench-prefill: ## TTFT vs prompt length regression against a running server, JSON + PNG
+	turingbox bench prefill --url $${URL:-http://localhost:8000} --json --plot docs/img/prefill.png
+
+bench-startup: ## GPU host: plain vllm serve vs turingbox serve, empty/seeded/warm caches
+	bash bench/startup.sh
+
+verify-sm75: ## compile every plugin kernel for sm_75 without a GPU; registers, shared memory, spills
+	turingbox verify --compile-only --arch 7.5 --json
+
+clean:
+	rm -rf build dist *.egg-info plugin/build plugin/*.egg-info .pytest_cache

@@ -1,0 +1,3 @@
+from turingbox.cli import main
+
+raise SystemExit(main())

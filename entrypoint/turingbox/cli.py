@@ -1,0 +1,69 @@
+"""`turingbox` console script: one subcommand per feature module.
+
+Each command module exposes `register(subparsers)`, which adds its parser and sets
+`func(args) -> int`. Bad input anywhere ends in one sentence on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from turingbox import __version__
+from turingbox.errors import UsageError
+
+# Where each group of subcommands lives; the order is the order of `turingbox --help`.
+COMMAND_MODULES = (
+    "turingbox.plan.command",        # plan
+    "turingbox.serve.command",       # serve
+    "turingbox.model.command",       # demo-model
+    "turingbox_warmup.command",      # warmup, cache
+    "turingbox_plugin.cli",          # doctor, verify, check-model, bench (usable without the appliance)
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="turingbox", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"turingbox {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(name)
+        module.register(sub)
+    return parser
+
+
+def _usage_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [UsageError]
+    try:  # the plugin keeps its own error type so it installs without the appliance
+        from turingbox_plugin.errors import ToolError
+        errors.append(ToolError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after a bare `--` goes to vLLM untouched and wins over the plan.
+    passthrough: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, passthrough = argv[:i], argv[i + 1:]
+    errors = _usage_errors()
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        args.vllm_passthrough = passthrough
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        return int(args.func(args) or 0)
+    except errors as exc:
+        print(f"turingbox: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", 2)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

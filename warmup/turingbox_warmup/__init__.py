@@ -1,0 +1,1 @@
+"""Caches (fingerprinted Triton/Inductor/autotune/FlashInfer), seeding and warm jobs."""
