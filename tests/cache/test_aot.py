@@ -1,0 +1,127 @@
+"""AOT Triton compiles without a GPU land exactly where a real launch looks them up.
+
+The proof runs Triton's real launch path (JITFunction.run via `warmup`) against a driver that
+reports an sm_75 device — the only part a GPU machine would supply — and checks that the kernel
+comes from the AOT cache: the cache directory does not change and the backend's compile stages
+are never entered.
+"""
+import json
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
+from triton.runtime.driver import driver  # noqa: E402
+
+from turingbox_warmup import aot  # noqa: E402
+from aot_kernels import scale_copy_kernel  # noqa: E402
+
+
+class StubCudaDriver:
+    """Reports one device of the given arch; everything the launch path asks before launching."""
+
+    def __init__(self, arch):
+        self.target = aot.gpu_target(arch)
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+def launch_args(n=4096):
+    src = torch.empty(n, dtype=torch.float16)
+    dst = torch.empty(n, dtype=torch.float16)
+    assert src.data_ptr() % 16 == 0 and dst.data_ptr() % 16 == 0  # like CUDA allocations
+    return [src, dst, n, 0.5]
+
+
+def all_files(d):
+    return sorted(os.path.relpath(os.path.join(p, f), d) for p, _, fs in os.walk(d) for f in fs)
+
+
+@pytest.fixture
+def fresh_kernel(monkeypatch):
+    scale_copy_kernel.device_caches.clear()  # no in-memory kernels from other tests
+    yield scale_copy_kernel
+    scale_copy_kernel.device_caches.clear()
+
+
+def launch_warmup(kernel, arch, cache_dir, monkeypatch, args):
+    """Triton's own launch path (binder, _pack_args, ASTSource, compile) on a stub sm_XY device."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", cache_dir)
+    driver.set_active(StubCudaDriver(arch))
+    try:
+        return kernel.warmup(*args, BLOCK=256, num_warps=4, grid=(16,))
+    finally:
+        driver._active = None  # back to picking the real driver lazily (reset_active would probe CUDA now)
+
+
+def forbid_compiling(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("the runtime compiled the kernel instead of loading it from the AOT cache")
+    monkeypatch.setattr(CUDABackend, "add_stages", refuse)
+
+
+def test_aot_kernel_is_found_by_a_real_launch_on_sm75(tmp_path, fresh_kernel, monkeypatch):
+    cache_dir = str(tmp_path / "triton")
+    spec = aot.record_from_args(fresh_kernel, launch_args(), arch="7.5", BLOCK=256, num_warps=4)
+    assert spec.attrs  # the aligned pointers and n=4096 carry tt.divisibility=16
+    built = aot.compile_aot(fresh_kernel, spec, "7.5", cache_dir)
+    assert built["hash"] == built["expected_hash"] and os.path.isdir(built["path"])
+    before = all_files(cache_dir)
+    forbid_compiling(monkeypatch)
+    kernel = launch_warmup(fresh_kernel, "7.5", cache_dir, monkeypatch, launch_args())
+    assert kernel.hash == built["hash"]
+    assert kernel.metadata.target.arch == 75
+    assert all_files(cache_dir) == before  # nothing compiled, nothing written
+
+
+def test_every_target_arch_gets_its_own_entry_and_a_replayed_capture_matches(tmp_path, fresh_kernel, monkeypatch):
+    cache_dir = str(tmp_path / "triton")
+    spec = aot.record_from_args(fresh_kernel, launch_args(), arch="9.0", BLOCK=256, num_warps=4)
+    # Round trip through the JSON format the GPU capture hook writes (Triton's own serialization).
+    replayed = aot.record_from_json(spec.to_json(fresh_kernel))
+    hashes = {arch: aot.compile_aot(fresh_kernel, replayed, arch, cache_dir)["hash"] for arch in ("7.5", "8.6")}
+    assert len(set(hashes.values())) == 2
+    forbid_compiling(monkeypatch)
+    kernel = launch_warmup(fresh_kernel, "8.6", cache_dir, monkeypatch, launch_args())
+    assert kernel.hash == hashes["8.6"]
+
+
+def test_a_launch_with_another_specialization_misses(tmp_path, fresh_kernel, monkeypatch):
+    """Sensitivity: n not divisible by 16 is a different kernel, so the AOT set must include it."""
+    cache_dir = str(tmp_path / "triton")
+    spec = aot.record_from_args(fresh_kernel, launch_args(4096), arch="7.5", BLOCK=256, num_warps=4)
+    aot.compile_aot(fresh_kernel, spec, "7.5", cache_dir)
+    odd = aot.record_from_args(fresh_kernel, launch_args(4095), arch="7.5", BLOCK=256, num_warps=4)
+    assert aot.cache_hash(fresh_kernel, odd, "7.5") != aot.cache_hash(fresh_kernel, spec, "7.5")
+    forbid_compiling(monkeypatch)
+    with pytest.raises(AssertionError, match="compiled the kernel"):
+        launch_warmup(fresh_kernel, "7.5", cache_dir, monkeypatch, launch_args(4095))
+
+
+def test_cli_compiles_captured_specs_for_several_archs(tmp_path, fresh_kernel):
+    spec = aot.record_from_args(fresh_kernel, launch_args(), arch="7.5", BLOCK=256, num_warps=4)
+    specs = tmp_path / "specs.jsonl"
+    specs.write_text(json.dumps({"kernel": "aot_kernels:scale_copy_kernel",
+                                 "specialization": json.loads(spec.to_json(fresh_kernel))}) + "\n")
+    import subprocess, sys
+    r = subprocess.run([sys.executable, "-m", "turingbox_warmup.aot", "--specs", str(specs), "--arch", "7.5,8.0",
+                        "--cache-dir", str(tmp_path / "c")], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(l) for l in r.stdout.splitlines()]
+    assert [row["arch"] for row in rows] == ["7.5", "8.0"] and all(row["hash"] == row["expected_hash"] for row in rows)
+    bad = subprocess.run([sys.executable, "-m", "turingbox_warmup.aot", "--specs", str(tmp_path / "none"),
+                          "--cache-dir", str(tmp_path / "c")], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "bad input" in bad.stderr

@@ -1,0 +1,206 @@
+"""prepare_cache decisions on a real filesystem: hit/miss, incomplete, corrupt, baked, unusable volumes."""
+import json
+import logging
+import os
+import subprocess
+
+import pytest
+
+from turingbox_warmup import cache
+from conftest import make_plan
+
+
+def seed(plan, root, files=None):
+    """Run a session as a seeding engine would: write into the caches, then finish."""
+    s = cache.prepare_cache(plan, str(root))
+    for rel, data in (files or {"triton/abc/kernel.cubin": b"\x7fELF" * 64,
+                                "triton/abc/__grp__kernel.json": b'{"child_paths": {}}',
+                                "vllm/torch_compile_cache/h/rank_0_0/backbone/artifact": b"x" * 100}).items():
+        path = os.path.join(s.entry, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+    s.finish(True)
+    return s
+
+
+def test_env_points_every_cache_into_the_entry(tmp_path, plan):
+    s = cache.prepare_cache(plan, str(tmp_path))
+    entry = os.path.join(str(tmp_path), "entries", plan["cache_key"])
+    assert s.entry == entry
+    for var in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"):
+        assert s.env[var].startswith(entry + os.sep) and os.path.isdir(s.env[var])
+    assert s.env["TRITON_CACHE_AUTOTUNING"] == "1"
+    s.finish(False)
+
+
+def test_miss_then_complete_then_hit_counts_hits_and_sizes(tmp_path, plan):
+    first = seed(plan, tmp_path)
+    assert first.status["result"] == "miss" and first.status["caches"]["triton"] == "miss"
+    manifest = json.load(open(os.path.join(first.entry, "manifest.json")))
+    assert manifest["completed"] and manifest["sizes"]["triton"] == {"files": 2, "bytes": 256 + 19}
+    assert manifest["tools"]["turingbox"] and manifest["inputs"] == plan["cache_inputs"]
+    second = cache.prepare_cache(plan, str(tmp_path))
+    assert second.status["result"] == "hit" and second.status["source"] == "volume"
+    assert second.status["caches"] == {"vllm": "hit", "triton": "hit", "inductor": "empty", "flashinfer": "empty"}
+    second.finish(True)
+    third = cache.prepare_cache(plan, str(tmp_path))
+    third.finish(True)
+    assert json.load(open(os.path.join(first.entry, "manifest.json")))["hits"] == 2
+
+
+def test_incomplete_entry_is_a_miss_and_resumed_then_quarantined_after_repeated_failures(tmp_path, plan):
+    s1 = cache.prepare_cache(plan, str(tmp_path))
+    open(os.path.join(s1.entry, "triton", "partial.cubin"), "wb").write(b"ok")
+    s1.finish(False)
+    s2 = cache.prepare_cache(plan, str(tmp_path))
+    assert s2.status["result"] == "miss" and s2.status["quarantined"] is None
+    assert os.path.exists(os.path.join(s2.entry, "triton", "partial.cubin"))  # resumed, not thrown away
+    s2.finish(False)
+    s3 = cache.prepare_cache(plan, str(tmp_path))  # two failed attempts: start clean, keep evidence
+    assert s3.status["result"] == "miss" and s3.status["quarantined"]
+    assert os.path.exists(os.path.join(s3.status["quarantined"], "triton", "partial.cubin"))
+    assert not os.path.exists(os.path.join(s3.entry, "triton", "partial.cubin"))
+    s3.finish(True)
+    assert cache.prepare_cache(plan, str(tmp_path)).status["result"] == "hit"
+
+
+@pytest.mark.parametrize("damage", ["truncated-manifest", "wrong-key", "missing-file", "bad-triton-json-is-verify-only"])
+def test_corrupt_entry_is_quarantined_rebuilt_and_the_next_start_is_healthy(tmp_path, plan, damage, caplog):
+    s = seed(plan, tmp_path)
+    manifest_path = os.path.join(s.entry, "manifest.json")
+    if damage == "truncated-manifest":
+        open(manifest_path, "w").write('{"format": 1, "key": ')
+    elif damage == "wrong-key":
+        m = json.load(open(manifest_path))
+        m["inputs"]["plan"]["num_speculative_tokens"] = 4
+        json.dump(m, open(manifest_path, "w"))
+    elif damage == "missing-file":
+        os.unlink(os.path.join(s.entry, "triton", "abc", "kernel.cubin"))
+    else:
+        open(os.path.join(s.entry, "triton", "abc", "__grp__kernel.json"), "w").write("{")
+    caplog.set_level(logging.INFO, logger="turingbox.cache")
+    again = cache.prepare_cache(plan, str(tmp_path))
+    if damage == "bad-triton-json-is-verify-only":
+        # The cheap start-up check does not parse every JSON file; `cache verify` does (CLI test).
+        assert again.status["result"] == "hit"
+        again.finish(True)
+        return
+    assert again.status["result"] == "miss"
+    qdir = again.status["quarantined"]
+    assert qdir and os.path.basename(qdir).startswith(plan["cache_key"] + "-")
+    assert os.path.dirname(qdir) == os.path.join(str(tmp_path), "quarantine")
+    assert "quarantined" in caplog.text
+    assert open(os.path.join(qdir, "QUARANTINED.txt")).read().strip()
+    again.finish(True)
+    healthy = cache.prepare_cache(plan, str(tmp_path))
+    assert healthy.status["result"] == "hit" and healthy.status["quarantined"] is None
+    healthy.finish(True)
+
+
+def test_manifest_without_directory_contents_is_rebuilt(tmp_path, plan):
+    entry = os.path.join(str(tmp_path), "entries", plan["cache_key"])
+    os.makedirs(os.path.join(entry, "triton"))  # a directory with no manifest at all
+    s = cache.prepare_cache(plan, str(tmp_path))
+    assert s.status["result"] == "miss" and s.status["quarantined"]
+    s.finish(True)
+
+
+def test_miss_logs_which_input_differs_from_the_nearest_entry(tmp_path, caplog):
+    seed(make_plan(tensor_parallel_size=4), tmp_path)
+    seed(make_plan(), tmp_path)
+    caplog.set_level(logging.INFO, logger="turingbox.cache")
+    s = cache.prepare_cache(make_plan(max_num_seqs=64), str(tmp_path))
+    assert s.status["nearest"] == {"key": make_plan()["cache_key"], "differences": ["plan.max_num_seqs: 16 != 64"]}
+    assert "nearest entry" in caplog.text and "plan.max_num_seqs: 16 != 64" in caplog.text
+    s.finish(False)
+
+
+def _baked(tmp_path, plan):
+    baked = tmp_path / "baked"
+    seed(plan, baked)
+    subprocess.run(["chmod", "-R", "a-w", str(baked)], check=True)
+    return str(baked)
+
+
+def test_matching_baked_entry_is_copied_into_the_volume(tmp_path, plan):
+    baked = _baked(tmp_path, plan)
+    s = cache.prepare_cache(plan, str(tmp_path / "vol"), baked_root=baked)
+    assert s.status["result"] == "hit" and s.status["source"] == "baked"
+    assert s.entry.startswith(str(tmp_path / "vol"))
+    assert open(os.path.join(s.entry, "triton", "abc", "kernel.cubin"), "rb").read() == b"\x7fELF" * 64
+    open(os.path.join(s.entry, "triton", "new.cubin"), "wb").write(b"written by the engine")  # copy is writable
+    s.finish(True)
+    assert json.load(open(os.path.join(s.entry, "manifest.json")))["source"].startswith("baked:")
+    assert not os.path.exists(os.path.join(baked, "entries", plan["cache_key"], "triton", "new.cubin"))
+
+
+def test_mismatched_baked_entry_is_ignored_with_the_reason(tmp_path, caplog):
+    baked = _baked(tmp_path, make_plan(num_speculative_tokens=3))
+    caplog.set_level(logging.INFO, logger="turingbox.cache")
+    s = cache.prepare_cache(make_plan(num_speculative_tokens=4), str(tmp_path / "vol"), baked_root=baked)
+    assert s.status["result"] == "miss" and s.status["source"] is None
+    assert "baked entry" in caplog.text and "plan.num_speculative_tokens: 3 != 4" in caplog.text
+    s.finish(False)
+
+
+@pytest.fixture
+def readonly_dir(tmp_path):
+    """A really read-only directory: a read-only tmpfs when we are root (root ignores modes)."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    if os.geteuid() != 0:
+        d.chmod(0o555)
+        yield str(d)
+        d.chmod(0o755)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "turingbox-test", str(d)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("running as root and cannot mount a read-only tmpfs")
+    try:
+        yield str(d)
+    finally:
+        subprocess.run(["umount", str(d)], check=False)
+
+
+def test_read_only_volume_runs_cold_in_a_temp_dir_with_a_warning(readonly_dir, plan, caplog):
+    caplog.set_level(logging.WARNING, logger="turingbox.cache")
+    s = cache.prepare_cache(plan, readonly_dir)
+    assert s.mode == "cold" and s.status["result"] == "miss"
+    assert not s.entry.startswith(readonly_dir) and os.path.isdir(s.entry)
+    assert "not writable" in caplog.text
+    assert os.access(s.env["TRITON_CACHE_DIR"].rsplit(os.sep, 1)[0], os.W_OK)
+    s.finish(True)  # nothing to complete, must not raise
+
+
+def test_full_volume_runs_cold(tmp_path, plan, caplog):
+    caplog.set_level(logging.WARNING, logger="turingbox.cache")
+    free = __import__("shutil").disk_usage(str(tmp_path)).free
+    s = cache.prepare_cache(plan, str(tmp_path), min_free_bytes=free * 2)
+    assert s.mode == "cold" and "MiB free" in caplog.text
+    s.finish(True)
+
+
+def test_a_really_full_tmpfs_runs_cold(tmp_path, plan):
+    d = tmp_path / "full"
+    d.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "turingbox-test", str(d)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        with open(d / "filler", "wb") as f:
+            try:
+                f.write(b"\0" * (1 << 20))
+            except OSError:
+                pass
+        s = cache.prepare_cache(plan, str(d), min_free_bytes=0)
+        assert s.mode == "cold" and "not writable" in " ".join(s.status["events"])
+        s.finish(True)
+    finally:
+        subprocess.run(["umount", str(d)], check=False)
+
+
+def test_plan_without_cache_inputs_is_bad_input(tmp_path):
+    from turingbox.errors import UsageError
+    with pytest.raises(UsageError, match="cache_inputs"):
+        cache.prepare_cache({"cache_key": "x"}, str(tmp_path))

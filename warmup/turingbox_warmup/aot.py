@@ -1,0 +1,216 @@
+"""Ahead-of-time Triton compiles without a GPU, into a cache the runtime's Triton finds.
+
+Why this finds real launches: at launch, `JITFunction.run` (triton 3.6 runtime/jit.py) binds the
+arguments with a binder built for the current target, turns them into (signature, constexprs,
+attrs) with `_pack_args`, wraps them in an `ASTSource` and calls `triton.compile`, whose on-disk
+key is sha256(get_cache_key(src, backend, options, env_vars)) — src.hash() covers the function's
+cache_key (source + dependencies), the signature dtypes, the constexpr values and the attrs
+(e.g. `tt.divisibility=16` of 16-byte-aligned pointers and of ints divisible by 16); backend.hash()
+covers the target arch and the bundled ptxas version; options are the backend's parsed options.
+This module runs those same functions, with a target given instead of read from a GPU. So the
+kernels must be compiled with the same triton build (same image) and the same
+cache-invalidating TRITON_* environment as the runtime, and with the specializations that real
+launches use.
+
+Specializations come from two places:
+  * example arguments (`record_from_args`): CPU tensors specialise exactly like GPU tensors
+    (dtype, and 16-byte alignment of data_ptr), ints by value class (1, multiple of 16, other);
+  * records captured on a GPU machine (`capture_hook`), in Triton's own
+    `serialize_specialization_data` format: for vLLM's kernels whose constexprs come from the model
+    and plan (e.g. `_zero_kv_blocks_kernel`'s N_SEGS / PAGE_SIZE_EL), capture once, replay for every arch.
+
+CLI (runs in the Docker build, where vLLM is installed):
+    python -m turingbox_warmup.aot --specs specs.json --arch 7.5,8.0,8.6,8.9,9.0 --cache-dir DIR
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import importlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+ARCHS = ("7.5", "8.0", "8.6", "8.9", "9.0")
+# Keyword arguments a launch passes that end up in the compile options (the rest are target defaults).
+LAUNCH_OPTIONS = ("num_warps", "num_ctas", "num_stages", "maxnreg", "enable_fp_fusion",
+                  "launch_cooperative_grid", "launch_pdl", "debug", "instrumentation_mode")
+
+
+def gpu_target(arch: str):
+    from triton.backends.compiler import GPUTarget
+    major, minor = (int(x) for x in arch.split("."))
+    return GPUTarget("cuda", major * 10 + minor, 32)
+
+
+def resolve_kernel(qualname: str):
+    """`package.module:kernel_name` -> the JITFunction (unwrapping autotune/heuristics wrappers)."""
+    from triton.runtime.jit import JITFunction
+    module, _, name = qualname.partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    while not isinstance(fn, JITFunction):
+        fn = fn.fn
+    return fn
+
+
+@dataclass
+class Specialization:
+    """What one launch specialises on, independent of the target arch."""
+    signature: dict[str, Any]
+    constexprs: dict[tuple, Any]
+    attrs: dict[tuple, Any]
+    launch_options: dict[str, Any]     # num_warps, num_stages, ... as passed at launch (not yet parsed)
+
+    def to_json(self, fn) -> str:
+        from triton.runtime.jit import serialize_specialization_data
+
+        class _Opts:  # serialize_specialization_data reads options.__dict__
+            def __init__(self, d):
+                self.__dict__.update(d)
+        return serialize_specialization_data(fn._fn_name if hasattr(fn, "_fn_name") else fn.__name__,
+                                             self.signature, self.constexprs, self.attrs,
+                                             _Opts(self.launch_options), "aot")
+
+
+def record_from_args(fn, args: Iterable[Any], arch: str = "7.5", **launch_options) -> Specialization:
+    """The specialization a real launch `fn[grid](*args, **launch_options)` would get."""
+    from triton import knobs
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+    backend = make_backend(gpu_target(arch))
+    kwargs = dict(launch_options)
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug      # as JITFunction.run
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound_args, specialization, options = binder(*args, **kwargs)
+    _opts, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, options)
+    return Specialization(signature, constexprs, attrs, kwargs)
+
+
+def record_from_json(data: str | Mapping[str, Any]) -> Specialization:
+    """Inverse of Specialization.to_json / Triton's serialize_specialization_data (as JITFunction.preload)."""
+    import triton.language as tl
+    from triton.runtime.jit import convert_to_tuple_if_list
+    obj = json.loads(data) if isinstance(data, str) else dict(data)
+    constexprs = {
+        tuple(k): (tl.dtype(v) if tl.dtype.is_dtype(v) else
+                   tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v)
+        for k, v in zip(obj["constant_keys"], obj["constant_vals"])}
+    attrs = {tuple(k): v for k, v in zip(obj["attrs_keys"], obj["attrs_vals"])}
+    signature = {k: convert_to_tuple_if_list(v) for k, v in obj["signature"].items()}
+    # Captured options are already parsed for the capturing GPU (arch, ptx_version, fp8 types...);
+    # keep only what a launch passes, so the target's backend re-derives the rest as it would at run time.
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in obj["options"].items()
+               if k in LAUNCH_OPTIONS}
+    return Specialization(signature, constexprs, attrs, options)
+
+
+def _source_and_options(fn, spec: Specialization, arch: str):
+    from triton.compiler import ASTSource, make_backend
+    backend = make_backend(gpu_target(arch))
+    # As JITFunction.run: options parsed from the launch kwargs by the target's backend.
+    options = backend.parse_options({k: v for k, v in spec.launch_options.items()
+                                     if k not in fn.arg_names})
+    return ASTSource(fn, spec.signature, spec.constexprs, spec.attrs), backend, options
+
+
+def cache_hash(fn, spec: Specialization, arch: str, env_vars: Mapping[str, str] | None = None) -> str:
+    """The directory name under TRITON_CACHE_DIR that triton.compile uses for this launch."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler.compiler import get_cache_key
+    src, backend, options = _source_and_options(fn, spec, arch)
+    env = get_cache_invalidating_env_vars() if env_vars is None else env_vars
+    return hashlib.sha256(get_cache_key(src, backend, options, env_vars=env).encode("utf-8")).hexdigest()
+
+
+@contextlib.contextmanager
+def triton_cache_dir(path: str):
+    old = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = old
+
+
+def compile_aot(fn, spec: Specialization, arch: str, cache_dir: str) -> dict[str, Any]:
+    """Compile one specialization for one arch into cache_dir; returns name, arch, hash, resources."""
+    import triton
+    src, _backend, options = _source_and_options(fn, spec, arch)
+    with triton_cache_dir(cache_dir):
+        kernel = triton.compile(src, target=gpu_target(arch), options=options.__dict__)
+        expected = cache_hash(fn, spec, arch)
+    md = kernel.metadata
+    return {"name": fn.__name__, "arch": arch, "hash": kernel.hash, "expected_hash": expected,
+            "shared": getattr(md, "shared", None), "num_warps": getattr(md, "num_warps", None),
+            "path": os.path.join(cache_dir, cache_subdir(kernel.hash))}
+
+
+def cache_subdir(hash_hex: str) -> str:
+    """Triton's FileCacheManager directory name for a compile hash (base32, as runtime/cache.py)."""
+    from triton.runtime.cache import _base32
+    return _base32(hash_hex)
+
+
+def capture_hook(out_path: str):
+    """A `knobs.runtime.jit_post_compile_hook` for the GPU machine: appends one JSON line per
+    compiled (or disk-loaded) kernel with its qualname and Triton's own specialization data."""
+    def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
+        record = {"kernel": f"{fn.module}:{fn.name}", "specialization": json.loads(compile["specialization_data"])}
+        with open(out_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+        return False
+    return hook
+
+
+def load_specs(path: str) -> list[dict[str, Any]]:
+    """JSON list or JSON lines of {"kernel": "module:name", "specialization": {...}}."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read().strip()
+    if text.startswith("["):
+        return json.loads(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m turingbox_warmup.aot", description=__doc__.splitlines()[0])
+    p.add_argument("--specs", required=True, help="captured specializations (JSON list or JSON lines)")
+    p.add_argument("--arch", default=",".join(ARCHS), help="comma-separated compute capabilities")
+    p.add_argument("--cache-dir", required=True, help="Triton cache directory to fill (the baked layer)")
+    a = p.parse_args(argv)
+    try:
+        archs = [x.strip() for x in a.arch.split(",") if x.strip()]
+        for arch in archs:
+            gpu_target(arch)
+        specs = load_specs(a.specs)
+    except (OSError, ValueError) as exc:
+        print(f"aot: bad input ({exc.__class__.__name__}: {exc}).", file=sys.stderr)
+        return 2
+    failures = 0
+    seen = set()
+    for rec in specs:
+        fn = resolve_kernel(rec["kernel"])
+        spec = record_from_json(rec["specialization"])
+        for arch in archs:
+            ident = (rec["kernel"], json.dumps(rec["specialization"], sort_keys=True, default=str), arch)
+            if ident in seen:
+                continue
+            seen.add(ident)
+            try:
+                r = compile_aot(fn, spec, arch, a.cache_dir)
+                print(json.dumps(r), flush=True)
+            except Exception as exc:  # one kernel failing for one arch must not hide the rest
+                failures += 1
+                print(json.dumps({"name": rec["kernel"], "arch": arch, "error": f"{exc.__class__.__name__}: {exc}"}),
+                      flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,545 @@
+"""One cache root, one entry per plan fingerprint, safe on shared volumes.
+
+Layout (see docs/caches.md):
+
+    <root>/entries/<cache_key>/manifest.json   fingerprint inputs, created/completed, sizes, hits, tools
+    <root>/entries/<cache_key>/vllm/            VLLM_CACHE_ROOT (torch.compile artifacts, AOT graphs)
+    <root>/entries/<cache_key>/triton/          TRITON_CACHE_DIR (kernels + *.autotune.json)
+    <root>/entries/<cache_key>/inductor/        TORCHINDUCTOR_CACHE_DIR
+    <root>/entries/<cache_key>/flashinfer/      FLASHINFER_WORKSPACE_BASE (.cache/flashinfer/<ver>/<arch>/cached_ops)
+    <root>/entries/<cache_key>/index.json       every file's size when the entry was completed
+    <root>/locks/<cache_key>.lock               writer lock (flock: released by the kernel if the holder dies)
+    <root>/quarantine/<cache_key>-<timestamp>/  corrupt or repeatedly-failing entries, kept for inspection
+
+`prepare_cache` makes every decision from what it finds on disk and returns a CacheSession whose
+`.env` points vLLM, Triton, Inductor and FlashInfer at one directory. It never raises for a cache
+problem: a corrupt entry is quarantined and rebuilt, a busy entry is used through a private copy,
+an unusable volume falls back to a temporary directory. Serve always starts.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import filelock
+
+from turingbox import settings
+from turingbox.errors import UsageError
+from turingbox_warmup import fingerprint
+
+log = logging.getLogger("turingbox.cache")
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+INDEX = "index.json"
+# cache name -> (sub-directory of the entry, environment variable that points the tool at it)
+CACHES: dict[str, tuple[str, str]] = {
+    "vllm": ("vllm", "VLLM_CACHE_ROOT"),
+    "triton": ("triton", "TRITON_CACHE_DIR"),
+    "inductor": ("inductor", "TORCHINDUCTOR_CACHE_DIR"),
+    "flashinfer": ("flashinfer", "FLASHINFER_WORKSPACE_BASE"),
+}
+# An entry that failed to complete this many times is quarantined instead of reused: its partial
+# contents may be what makes the engine fail, and reusing them forever would be a crash loop.
+MAX_INCOMPLETE_ATTEMPTS = 2
+# Below this much free space on the volume a seed would fail half-way; run cold instead.
+MIN_FREE_BYTES = 1 << 30
+
+CACHE_DIR = settings.declare(settings.Setting(
+    name="cache_dir",
+    help="cache root holding one compile-cache entry per plan fingerprint (a volume in compose/Kubernetes)",
+    default=os.path.join(os.path.expanduser("~"), ".cache", "turingbox"),
+))
+BAKED_CACHE_DIR = settings.declare(settings.Setting(
+    name="baked_cache_dir",
+    help="read-only cache root baked into the image, consulted before the cache volume",
+    default=None,
+))
+CACHE_LOCK_WAIT = settings.declare(settings.Setting(
+    name="cache_lock_wait",
+    help="seconds to wait for another process's writer lock on the same entry before using a private copy",
+    parse=settings.positive_float,
+    default=20.0,
+))
+CACHE_SETTINGS = ("cache_dir", "baked_cache_dir", "cache_lock_wait")
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---- pure helpers -------------------------------------------------------------------------
+
+def entry_dir(root: str, key: str) -> str:
+    return os.path.join(root, "entries", key)
+
+
+def cache_env(entry: str) -> dict[str, str]:
+    """Environment for the vLLM process: every cache inside `entry`."""
+    env = {var: os.path.join(entry, sub) for sub, var in CACHES.values()}
+    # Autotune results go next to the kernels in TRITON_CACHE_DIR; must be set before FLA imports.
+    env["TRITON_CACHE_AUTOTUNING"] = "1"
+    # vLLM's legacy InductorAdaptor (VLLM_USE_STANDALONE_COMPILE=0) rewrites TRITON_CACHE_DIR to a
+    # rank folder under VLLM_CACHE_ROOT when compiling starts, hiding the seeded/baked Triton cache
+    # from kernels launched afterwards. The standalone adaptor (0.21's default) leaves it alone.
+    env["VLLM_USE_STANDALONE_COMPILE"] = "1"
+    return env
+
+
+def new_manifest(key: str, inputs: Mapping[str, Any], source: str) -> dict[str, Any]:
+    now = utc_now()
+    return {
+        "format": FORMAT, "key": key, "inputs": dict(inputs), "created": now, "completed": None,
+        "attempts": 1, "last_attempt": now, "hits": 0, "last_hit": None, "source": source,
+        "sizes": {}, "tools": tool_versions(),
+    }
+
+
+def tool_versions() -> dict[str, str]:
+    from turingbox import __version__
+    out = dict(fingerprint.software_versions())
+    out["turingbox"] = __version__
+    return out
+
+
+def manifest_problem(manifest: Any, key: str) -> str | None:
+    """Why a parsed manifest cannot describe entry `key`, or None if it is sound."""
+    if not isinstance(manifest, dict):
+        return "manifest is not a JSON object"
+    for name, kind in (("format", int), ("key", str), ("inputs", dict), ("created", str), ("attempts", int)):
+        if not isinstance(manifest.get(name), kind):
+            return f"manifest field {name!r} is missing or has the wrong type"
+    if manifest["format"] != FORMAT:
+        return f"manifest format {manifest['format']} is not {FORMAT}"
+    if manifest["key"] != key:
+        return f"manifest key {manifest['key']} does not match its directory {key}"
+    if fingerprint.cache_key(manifest["inputs"]) != key:
+        return "manifest inputs do not hash to the entry's key"
+    return None
+
+
+def nearest(inputs: Mapping[str, Any], candidates: Mapping[str, Mapping[str, Any]]) -> tuple[str, list[str]] | None:
+    """(key, differences) of the candidate whose fingerprint inputs differ from `inputs` least."""
+    best = None
+    for key in sorted(candidates):
+        diff = fingerprint.differences(candidates[key], inputs)
+        if best is None or len(diff) < len(best[1]):
+            best = (key, diff)
+    return best
+
+
+# ---- small filesystem helpers -------------------------------------------------------------
+
+def read_json(path: str) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def walk_files(top: str):
+    """(relative path, size) of every regular file under top."""
+    for dirpath, _dirs, files in os.walk(top):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            yield os.path.relpath(path, top), st.st_size
+
+
+def measure(entry: str) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """Per-cache {files, bytes} and the file index (relative path -> size) of an entry."""
+    sizes: dict[str, dict[str, int]] = {}
+    index: dict[str, int] = {}
+    for name, (sub, _var) in CACHES.items():
+        files = total = 0
+        for rel, size in walk_files(os.path.join(entry, sub)):
+            files += 1
+            total += size
+            index[os.path.join(sub, rel)] = size
+        sizes[name] = {"files": files, "bytes": total}
+    return sizes, index
+
+
+def entry_problems(entry: str, key: str, deep: bool = False) -> list[str]:
+    """Everything wrong with a completed entry: manifest, indexed files, and (deep) JSON files.
+
+    Files added after completion are fine (a later run may JIT something); files that vanished,
+    were truncated to nothing, or JSON the runtime would choke on (Triton's group and autotune
+    files) are not.
+    """
+    try:
+        manifest = read_json(os.path.join(entry, MANIFEST))
+    except FileNotFoundError:
+        return ["manifest.json is missing"]
+    except (OSError, ValueError) as exc:
+        return [f"manifest.json is unreadable ({exc.__class__.__name__}: {exc})"]
+    problem = manifest_problem(manifest, key)
+    if problem:
+        return [problem]
+    if not manifest.get("completed"):
+        return ["entry is incomplete (its manifest was never completed)"]
+    problems = []
+    try:
+        index = read_json(os.path.join(entry, INDEX))
+        if not isinstance(index, dict):
+            raise ValueError("index is not an object")
+    except (OSError, ValueError) as exc:
+        return [f"index.json is missing or unreadable ({exc.__class__.__name__})"]
+    for rel, size in sorted(index.items()):
+        path = os.path.join(entry, rel)
+        try:
+            actual = os.path.getsize(path)
+        except OSError:
+            problems.append(f"{rel} is missing")
+            continue
+        if size and not actual:
+            problems.append(f"{rel} is empty (was {size} bytes)")
+    if deep:
+        for rel, _size in walk_files(entry):
+            if rel.endswith(".json") and rel not in (MANIFEST, INDEX):
+                try:
+                    read_json(os.path.join(entry, rel))
+                except (OSError, ValueError):
+                    problems.append(f"{rel} is not valid JSON")
+    return problems
+
+
+def read_manifest(entry: str) -> dict | None:
+    try:
+        m = read_json(os.path.join(entry, MANIFEST))
+    except (OSError, ValueError):
+        return None
+    return m if isinstance(m, dict) else None
+
+
+def list_entries(root: str) -> dict[str, dict | None]:
+    """key -> manifest (None when unreadable) for every entry under root."""
+    base = os.path.join(root, "entries")
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return {}
+    return {n: read_manifest(os.path.join(base, n)) for n in names
+            if not n.startswith(".") and os.path.isdir(os.path.join(base, n))}
+
+
+def volume_problem(root: str, min_free_bytes: int) -> str | None:
+    """Why the cache volume cannot take a writer (read-only, full, not a directory), or None."""
+    try:
+        for sub in ("entries", "locks", "quarantine"):
+            os.makedirs(os.path.join(root, sub), exist_ok=True)
+        probe = os.path.join(root, "locks", f".probe-{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"x" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+        os.unlink(probe)
+    except OSError as exc:
+        return f"cache root {root} is not writable ({exc.strerror or exc})"
+    free = shutil.disk_usage(root).free
+    if free < min_free_bytes:
+        return f"cache root {root} has {free / 2**20:.0f} MiB free, below the {min_free_bytes / 2**20:.0f} MiB a seed needs"
+    return None
+
+
+def copy_entry(src: str, dst: str) -> None:
+    """Copy an entry so that dst appears complete or not at all (staging dir + rename)."""
+    parent = os.path.dirname(dst)
+    os.makedirs(parent, exist_ok=True)
+    staging = os.path.join(parent, f".staging-{os.path.basename(dst)}-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(src, staging, symlinks=True)
+    if os.path.exists(dst):
+        _swap(staging, dst)
+    else:
+        os.replace(staging, dst)
+
+
+def _swap(staging: str, dst: str) -> None:
+    old = f"{dst}.old-{os.getpid()}"
+    os.replace(dst, old)
+    os.replace(staging, dst)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ---- the session ---------------------------------------------------------------------------
+
+@dataclass
+class CacheSession:
+    """What serve/warmup use: `.env` for the vLLM process, `.status` for logs and metrics.
+
+    `finish(ok)` completes the manifest (ok=True) and releases the writer lock; call it once the
+    engine is warm (strict warmup passed) or has failed. It is idempotent and never raises.
+    """
+
+    key: str
+    entry: str                          # the directory the engine uses
+    env: dict[str, str]
+    status: dict[str, Any]
+    root: str | None = None             # the shared cache root (None when it is unusable)
+    _lock: filelock.BaseFileLock | None = field(default=None, repr=False)
+    _finished: bool = field(default=False, repr=False)
+
+    @property
+    def mode(self) -> str:
+        return self.status["mode"]
+
+    def finish(self, ok: bool) -> dict[str, Any]:
+        if self._finished:
+            return self.status
+        self._finished = True
+        try:
+            if self.mode == "shared":
+                self._finish_shared(ok)
+            elif self.mode == "private" and ok and self.root:
+                self._publish_private()
+        except OSError as exc:  # a full or vanished volume must not take serve down
+            _event(self.status, logging.WARNING, f"cache entry {self.key} could not be completed: {exc}")
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+        self.status["completed"] = bool(ok)
+        return self.status
+
+    def _finish_shared(self, ok: bool) -> None:
+        manifest = read_manifest(self.entry) or {}
+        if not ok:
+            _event(self.status, logging.WARNING,
+                   f"cache entry {self.key} left incomplete after a failed start (attempt {manifest.get('attempts')})")
+            return
+        sizes, index = measure(self.entry)
+        write_json_atomic(os.path.join(self.entry, INDEX), index)
+        manifest["sizes"] = sizes
+        manifest["completed"] = manifest.get("completed") or utc_now()
+        manifest["tools"] = tool_versions()
+        write_json_atomic(os.path.join(self.entry, MANIFEST), manifest)
+        self.status["sizes"] = sizes
+        _event(self.status, logging.INFO, f"cache entry {self.key} complete: " + format_sizes(sizes))
+
+    def _publish_private(self) -> None:
+        """A private run that warmed itself offers its result to the shared volume, if still wanted."""
+        shared = entry_dir(self.root, self.key)
+        lock = filelock.FileLock(os.path.join(self.root, "locks", f"{self.key}.lock"))
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            return
+        try:
+            if not entry_problems(shared, self.key):
+                return  # someone else completed it meanwhile
+            manifest = read_manifest(self.entry) or new_manifest(self.key, self.status["inputs"], "private")
+            sizes, index = measure(self.entry)
+            manifest.update(sizes=sizes, completed=manifest.get("completed") or utc_now(), tools=tool_versions())
+            write_json_atomic(os.path.join(self.entry, INDEX), index)
+            write_json_atomic(os.path.join(self.entry, MANIFEST), manifest)
+            copy_entry(self.entry, shared)
+            _event(self.status, logging.INFO, f"published privately warmed cache entry {self.key} to {shared}")
+        finally:
+            lock.release()
+
+
+def format_sizes(sizes: Mapping[str, Mapping[str, int]]) -> str:
+    return ", ".join(f"{name} {s.get('files', 0)} files {s.get('bytes', 0) / 2**20:.1f} MiB"
+                     for name, s in sizes.items())
+
+
+def _event(status: dict, level: int, message: str) -> None:
+    status.setdefault("events", []).append(message)
+    log.log(level, message)
+
+
+def _quarantine(root: str, key: str, entry: str, reason: str, status: dict) -> None:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    target = os.path.join(root, "quarantine", f"{key}-{stamp}")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.replace(entry, target)
+    try:
+        with open(os.path.join(target, "QUARANTINED.txt"), "w", encoding="utf-8") as f:
+            f.write(reason + "\n")
+    except OSError:
+        pass
+    status["quarantined"] = target
+    _event(status, logging.WARNING, f"cache entry {key} quarantined to {target}: {reason}; rebuilding it")
+
+
+def _per_cache(entry: str, hit: bool) -> dict[str, str]:
+    """hit / empty (present but this plan never filled it) / miss, per cache."""
+    out = {}
+    for name, (sub, _var) in CACHES.items():
+        if not hit:
+            out[name] = "miss"
+        else:
+            has_files = next(iter(walk_files(os.path.join(entry, sub))), None) is not None
+            out[name] = "hit" if has_files else "empty"
+    return out
+
+
+def _matching_source(root: str | None, key: str, inputs: Mapping[str, Any], label: str,
+                     status: dict) -> str | None:
+    """The complete, sound entry for `key` under a read-only root (baked layer), else None + reason."""
+    if not root:
+        return None
+    entry = entry_dir(root, key)
+    if os.path.isdir(entry):
+        problems = entry_problems(entry, key)
+        if not problems:
+            return entry
+        _event(status, logging.WARNING, f"{label} entry {key} in {root} ignored: {problems[0]}")
+        return None
+    others = {k: m["inputs"] for k, m in list_entries(root).items() if m and isinstance(m.get("inputs"), dict)}
+    near = nearest(inputs, others)
+    if near:
+        _event(status, logging.INFO, f"{label} entry {near[0]} in {root} ignored: it was made for a different plan "
+               f"({'; '.join(near[1]) or 'same inputs, different key'})")
+    return None
+
+
+def _log_miss(status: dict, root: str, key: str, inputs: Mapping[str, Any]) -> None:
+    others = {k: m["inputs"] for k, m in list_entries(root).items()
+              if k != key and m and m.get("completed") and isinstance(m.get("inputs"), dict)}
+    near = nearest(inputs, others)
+    if near:
+        status["nearest"] = {"key": near[0], "differences": near[1]}
+        _event(status, logging.INFO, f"cache miss for {key}; nearest entry {near[0]} differs in: " + "; ".join(near[1]))
+    else:
+        _event(status, logging.INFO, f"cache miss for {key}; no other entry in {root}")
+
+
+def _private_copy(key: str, sources: list[str | None], inputs: Mapping[str, Any], prefix: str) -> tuple[str, str | None]:
+    """A temporary entry, seeded from the first usable source; (dir, source used)."""
+    tmp = tempfile.mkdtemp(prefix=f"turingbox-{prefix}-{key}-")
+    entry = os.path.join(tmp, key)
+    for src in sources:
+        if not src:
+            continue
+        try:
+            shutil.copytree(src, entry, symlinks=True)
+            return entry, src
+        except OSError as exc:
+            log.warning("could not copy cache entry %s: %s", src, exc)
+            shutil.rmtree(entry, ignore_errors=True)
+    os.makedirs(entry)
+    write_json_atomic(os.path.join(entry, MANIFEST), new_manifest(key, inputs, prefix))
+    return entry, None
+
+
+def plan_fingerprint(plan: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    inputs = plan.get("cache_inputs")
+    if not isinstance(inputs, dict):
+        raise UsageError("The plan has no cache_inputs, so no cache entry can be chosen for it.")
+    key = fingerprint.cache_key(inputs)
+    if plan.get("cache_key") not in (None, key):
+        log.warning("plan cache_key %s does not match its cache_inputs (%s); using %s", plan.get("cache_key"), key, key)
+    return key, inputs
+
+
+def prepare_cache(plan: Mapping[str, Any], cache_root: str | None = None, *, baked_root: str | None = None,
+                  lock_wait_s: float | None = None, min_free_bytes: int = MIN_FREE_BYTES,
+                  environ: Mapping[str, str] | None = None) -> CacheSession:
+    """Choose (and if needed repair or create) the cache entry for `plan`; see the module doc.
+
+    cache_root / baked_root / lock_wait_s default to the settings cache_dir / baked_cache_dir /
+    cache_lock_wait resolved from the environment.
+    """
+    key, inputs = plan_fingerprint(plan)
+    resolved = settings.resolve(CACHE_SETTINGS, None, os.environ if environ is None else environ)
+    root = os.path.abspath(cache_root or resolved["cache_dir"])
+    baked = baked_root if baked_root is not None else resolved["baked_cache_dir"]
+    wait = resolved["cache_lock_wait"] if lock_wait_s is None else lock_wait_s
+    status: dict[str, Any] = {"key": key, "root": root, "baked_root": baked, "inputs": dict(inputs),
+                              "quarantined": None, "nearest": None, "events": []}
+    baked_entry = _matching_source(baked, key, inputs, "baked", status)
+
+    def session(mode: str, entry: str, result: str, source: str | None, lock=None, shared_root=None) -> CacheSession:
+        for sub, _var in CACHES.values():
+            os.makedirs(os.path.join(entry, sub), exist_ok=True)
+        status.update(mode=mode, entry=entry, result=result, source=source,
+                      caches=_per_cache(entry, result == "hit"))
+        verdict = ", ".join(f"{k} {v}" for k, v in status["caches"].items())
+        _event(status, logging.INFO, f"cache {result} for {key} ({mode} entry {entry}"
+               f"{', from ' + source if source else ''}): {verdict}")
+        return CacheSession(key=key, entry=entry, env=cache_env(entry), status=status, root=shared_root, _lock=lock)
+
+    # 1. The volume must take a writer; otherwise run from a temporary directory.
+    problem = volume_problem(root, min_free_bytes)
+    if problem:
+        _event(status, logging.WARNING, f"{problem}: running with a temporary cache (cold unless an entry can be copied)")
+        shared = entry_dir(root, key)
+        readable = shared if os.path.isdir(shared) and not entry_problems(shared, key) else None
+        entry, src = _private_copy(key, [readable, baked_entry], inputs, "cold")
+        return session("cold", entry, "hit" if src else "miss", src)
+
+    # 2. One writer per entry.
+    entry = entry_dir(root, key)
+    lock = filelock.FileLock(os.path.join(root, "locks", f"{key}.lock"))
+    try:
+        lock.acquire(timeout=wait)
+    except filelock.Timeout:
+        complete = os.path.isdir(entry) and not entry_problems(entry, key)
+        _event(status, logging.WARNING, f"cache entry {key} is being written by another process (waited {wait:g} s): "
+               f"using a private copy{' of the complete entry' if complete else ''}")
+        private, src = _private_copy(key, [entry if complete else None, baked_entry], inputs, "private")
+        return session("private", private, "hit" if src else "miss", src, shared_root=root)
+    try:
+        return _prepare_locked(root, key, inputs, entry, baked_entry, status, lock, session)
+    except OSError as exc:
+        lock.release()
+        _event(status, logging.WARNING, f"cache root {root} failed while preparing {key} ({exc}): running cold")
+        private, src = _private_copy(key, [baked_entry], inputs, "cold")
+        return session("cold", private, "hit" if src else "miss", src)
+
+
+def _prepare_locked(root, key, inputs, entry, baked_entry, status, lock, session: Callable) -> CacheSession:
+    if os.path.isdir(entry):
+        manifest = read_manifest(entry)
+        problems = entry_problems(entry, key)
+        if not problems:
+            manifest["hits"] = int(manifest.get("hits") or 0) + 1
+            manifest["last_hit"] = utc_now()
+            write_json_atomic(os.path.join(entry, MANIFEST), manifest)
+            return session("shared", entry, "hit", "volume", lock, root)
+        incomplete = manifest is not None and manifest_problem(manifest, key) is None and not manifest.get("completed")
+        if incomplete and manifest["attempts"] < MAX_INCOMPLETE_ATTEMPTS and not baked_entry:
+            # An interrupted seed: its files are sound (every tool writes atomically); resume it.
+            manifest["attempts"] += 1
+            manifest["last_attempt"] = utc_now()
+            write_json_atomic(os.path.join(entry, MANIFEST), manifest)
+            _event(status, logging.INFO, f"cache entry {key} is incomplete (attempt {manifest['attempts']}): "
+                   "treating it as a miss and continuing to fill it")
+            _log_miss(status, root, key, inputs)
+            return session("shared", entry, "miss", None, lock, root)
+        if incomplete and baked_entry:
+            shutil.rmtree(entry)
+        else:
+            reason = problems[0] if not incomplete else \
+                f"incomplete after {manifest['attempts']} attempts; its partial contents may be what fails"
+            _quarantine(root, key, entry, reason, status)
+    if baked_entry:
+        copy_entry(baked_entry, entry)
+        manifest = read_manifest(entry)
+        manifest.update(hits=int(manifest.get("hits") or 0) + 1, last_hit=utc_now(),
+                        source=f"baked:{baked_entry}")
+        write_json_atomic(os.path.join(entry, MANIFEST), manifest)
+        return session("shared", entry, "hit", "baked", lock, root)
+    _log_miss(status, root, key, inputs)
+    os.makedirs(entry)
+    write_json_atomic(os.path.join(entry, MANIFEST), new_manifest(key, inputs, "seeded"))
+    return session("shared", entry, "miss", None, lock, root)

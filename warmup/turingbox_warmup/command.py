@@ -1,0 +1,319 @@
+"""`turingbox warmup [--seed-only]` and `turingbox cache show|verify|seed`.
+
+Seeding prints one `turingbox-stage: <name>` line per stage and a final
+`turingbox-seed-result: {json}` line; `make warmup-cache` (seed_docker.py) drives its progress bar
+from them, so they are a small protocol: STAGES is its single definition.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib
+import json
+import os
+import sys
+from typing import Any, Mapping
+
+from turingbox import settings
+from turingbox.errors import UsageError
+from turingbox_warmup import cache
+
+STAGE_PREFIX = "turingbox-stage: "
+RESULT_PREFIX = "turingbox-seed-result: "
+STAGES = ("plan", "cache", "engine-start", "engine-ready", "strict-warmup", "active-warmup", "engine-stop", "complete")
+
+WARMUP_TIMEOUT = settings.declare(settings.Setting(
+    name="warmup_timeout",
+    help="seconds a seeding run may take to reach ready (compiles, autotuning and JIT included)",
+    parse=settings.positive_float,
+    default=1800.0,
+))
+
+
+class SeedFailed(UsageError):
+    """The engine could not be warmed: one sentence, exit code 1 (not bad input)."""
+
+    exit_code = 1
+
+
+def _plan_settings() -> tuple[str, ...]:
+    try:
+        return tuple(importlib.import_module("turingbox.plan.command").PLAN_SETTINGS)
+    except ImportError:  # planner not installed: warmup then needs --plan-json
+        return ()
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    plan_names = _plan_settings()
+    # One flag per setting even if the planner also lists a cache setting.
+    names = tuple(dict.fromkeys(plan_names + cache.CACHE_SETTINGS + ("warmup_timeout",)))
+    warm = sub.add_parser("warmup", help="start the engine with the plan, warm every cache, stop (seeds the cache)",
+                          description="Fill the cache entry for this plan. Without --seed-only an entry that is "
+                                      "already complete is left alone (exit 0 without starting the engine).")
+    warm.add_argument("--seed-only", action="store_true",
+                      help="always start the engine, warm (strict + active warmup) and stop, even on a complete entry")
+    warm.add_argument("--plan-json", metavar="FILE", help="use a saved plan (turingbox plan --json) instead of planning")
+    settings.add_arguments(warm, names)
+    warm.set_defaults(func=run_warmup, plan_names=plan_names)
+
+    cache_p = sub.add_parser("cache", help="show, verify or seed the compile-cache entries")
+    csub = cache_p.add_subparsers(dest="cache_command", metavar="ACTION")
+    show = csub.add_parser("show", help="list entries: key, complete?, created, sizes, hits")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+    settings.add_arguments(show, ("cache_dir",))
+    show.set_defaults(func=run_show)
+    verify = csub.add_parser("verify", help="check manifests and files; exit 1 if an entry is corrupt")
+    verify.add_argument("keys", nargs="*", metavar="KEY", help="entries to check (default: all)")
+    verify.add_argument("--json", action="store_true", help="machine-readable output")
+    settings.add_arguments(verify, ("cache_dir",))
+    verify.set_defaults(func=run_verify)
+    seed = csub.add_parser("seed", help="same as `turingbox warmup --seed-only`")
+    seed.add_argument("--plan-json", metavar="FILE", help="use a saved plan instead of planning")
+    settings.add_arguments(seed, names)
+    seed.set_defaults(func=run_warmup, seed_only=True, plan_names=plan_names)
+    cache_p.set_defaults(func=lambda args: (cache_p.print_help(), 2)[1])
+
+
+# ---- cache show / verify ------------------------------------------------------------------------
+
+def _root(args) -> str:
+    return os.path.abspath(settings.resolve(("cache_dir",), args)["cache_dir"])
+
+
+def describe_entries(root: str) -> list[dict[str, Any]]:
+    rows = []
+    for key, manifest in cache.list_entries(root).items():
+        m = manifest or {}
+        sizes = m.get("sizes") or {}
+        rows.append({
+            "key": key, "complete": bool(m.get("completed")) and not cache.manifest_problem(m, key),
+            "created": m.get("created"), "completed": m.get("completed"), "hits": m.get("hits", 0),
+            "source": m.get("source"), "sizes": sizes,
+            "bytes": sum(int(s.get("bytes", 0)) for s in sizes.values() if isinstance(s, Mapping)),
+            "manifest_ok": manifest is not None and cache.manifest_problem(m, key) is None,
+        })
+    return rows
+
+
+def run_show(args) -> int:
+    root = _root(args)
+    if not os.path.isdir(root):
+        raise UsageError(f"The cache root {root} (cache_dir / TURINGBOX_CACHE_DIR) does not exist.")
+    rows = describe_entries(root)
+    if args.json:
+        print(json.dumps({"root": root, "entries": rows}, indent=2))
+        return 0
+    print(f"cache root {root}: {len(rows)} entr{'y' if len(rows) == 1 else 'ies'}")
+    if rows:
+        print(f"{'KEY':<18}{'COMPLETE':<10}{'CREATED':<22}{'HITS':>6}{'SIZE MiB':>10}  CACHES")
+    for r in rows:
+        state = "yes" if r["complete"] else ("corrupt" if not r["manifest_ok"] else "no")
+        per = " ".join(f"{k}={v.get('bytes', 0) / 2**20:.1f}" for k, v in r["sizes"].items())
+        print(f"{r['key']:<18}{state:<10}{str(r['created'] or '-'):<22}{r['hits'] or 0:>6}"
+              f"{r['bytes'] / 2**20:>10.1f}  {per}")
+    return 0
+
+
+def run_verify(args) -> int:
+    root = _root(args)
+    if not os.path.isdir(root):
+        raise UsageError(f"The cache root {root} (cache_dir / TURINGBOX_CACHE_DIR) does not exist.")
+    entries = cache.list_entries(root)
+    keys = args.keys or sorted(entries)
+    unknown = [k for k in keys if k not in entries]
+    if unknown:
+        raise UsageError(f"No cache entry {unknown[0]} under {root} ({len(entries)} entries exist).")
+    report, corrupt = {}, 0
+    for key in keys:
+        problems = cache.entry_problems(cache.entry_dir(root, key), key, deep=True)
+        incomplete = problems == ["entry is incomplete (its manifest was never completed)"]
+        report[key] = {"ok": not problems, "incomplete": incomplete, "problems": problems}
+        corrupt += bool(problems) and not incomplete
+    if args.json:
+        print(json.dumps({"root": root, "entries": report, "corrupt": corrupt}, indent=2))
+    else:
+        for key, r in report.items():
+            verdict = "ok" if r["ok"] else ("incomplete" if r["incomplete"] else "CORRUPT")
+            print(f"{key}: {verdict}" + "".join(f"\n  - {p}" for p in r["problems"]))
+        print(f"{len(keys)} checked, {corrupt} corrupt")
+    # An incomplete entry is a normal miss (an interrupted seed), not corruption.
+    return 1 if corrupt else 0
+
+
+# ---- warmup / seed --------------------------------------------------------------------------------
+
+def stage(name: str, detail: str = "") -> None:
+    assert name in STAGES, name
+    print(f"{STAGE_PREFIX}{name}" + (f" {detail}" if detail else ""), flush=True)
+
+
+def _load_plan(args) -> dict:
+    if getattr(args, "plan_json", None):
+        try:
+            with open(args.plan_json, encoding="utf-8") as f:
+                plan = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--plan-json {args.plan_json} cannot be read as a plan ({exc.__class__.__name__}).") from None
+        if not isinstance(plan, dict) or "cache_inputs" not in plan:
+            raise UsageError(f"--plan-json {args.plan_json} is not a turingbox plan (no cache_inputs).")
+        return plan
+    try:
+        planner = importlib.import_module("turingbox.plan.command")
+    except ImportError:
+        raise UsageError("The planner is not installed here; pass --plan-json FILE.") from None
+    return planner.plan_from_args(args)
+
+
+def strict_warmup_problems(worker_status: list[Mapping[str, Any]], tensor_parallel_size: int) -> list[str]:
+    """Why the workers' own warmup reports do not prove a warm engine (empty list = they do)."""
+    problems = []
+    if len(worker_status) < tensor_parallel_size:
+        problems.append(f"{len(worker_status)} of {tensor_parallel_size} workers reported their warmup")
+    for w in worker_status:
+        warm = w.get("warmup") or {}
+        if not warm.get("ok"):
+            problems.append(f"worker {w.get('rank')} warmup failed: {warm.get('error') or 'no result'}")
+        jit = {k: v for k, v in (w.get("jit_after_ready") or {}).items() if v}
+        if jit:
+            problems.append(f"worker {w.get('rank')} compiled after ready: " + ", ".join(sorted(jit)))
+    return problems
+
+
+def run_warmup(args) -> int:
+    values = settings.resolve(cache.CACHE_SETTINGS + ("warmup_timeout",), args)  # bad input before any work
+    stage("plan")
+    plan = _load_plan(args)
+    stage("cache")
+    session = cache.prepare_cache(plan, values["cache_dir"], baked_root=values["baked_cache_dir"],
+                                  lock_wait_s=values["cache_lock_wait"])
+    for line in session.status["events"]:
+        print(f"turingbox: {line}", flush=True)
+    if session.status["result"] == "hit" and session.mode == "shared" and not getattr(args, "seed_only", False):
+        session.finish(True)
+        stage("complete", "entry already complete; nothing to do")
+        _print_result(session, plan)
+        return 0
+    ok = False
+    try:
+        _warm_engine(plan, session, values["warmup_timeout"], list(getattr(args, "vllm_passthrough", []) or []))
+        ok = True
+    except UsageError:
+        raise
+    except Exception as exc:  # the engine's own failure, reported in one sentence
+        raise SeedFailed(f"Seeding cache entry {session.key} failed: {exc.__class__.__name__}: {exc}") from None
+    finally:
+        session.finish(ok)
+    stage("complete")
+    _print_result(session, plan)
+    if session.mode != "shared":
+        print(f"turingbox: warning: the entry was warmed in {session.mode} mode at {session.entry}, "
+              f"not written to {session.root or 'the cache volume'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_result(session: cache.CacheSession, plan: Mapping[str, Any]) -> None:
+    sizes, _ = cache.measure(session.entry)
+    print(RESULT_PREFIX + json.dumps({
+        "cache_key": session.key, "entry": session.entry, "mode": session.mode,
+        "result": session.status["result"], "sizes": sizes,
+        "tensor_parallel_size": plan.get("tensor_parallel_size"),
+        "num_speculative_tokens": plan.get("num_speculative_tokens"), "gpu_name": plan.get("gpu_name"),
+        "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }, sort_keys=True), flush=True)
+
+
+def engine_env(plan: Mapping[str, Any], cache_env: Mapping[str, str], runtime_dir: str) -> dict[str, str]:
+    """The vLLM process environment, built as serve builds it: ours + plan env (None = unset) + caches."""
+    env = dict(os.environ)
+    for k, v in (plan.get("env") or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = str(v)
+    env.update(cache_env)
+    env["TURINGBOX_RUNTIME_DIR"] = runtime_dir
+    return env
+
+
+def _warm_engine(plan: Mapping[str, Any], session: cache.CacheSession, timeout: float, passthrough: list[str]) -> None:
+    """Start vLLM with serve's own launcher (controller.vllm_argv + supervisor.Supervisor), wait until
+    it answers, check the workers' strict warmup, run the active warmup, stop it gracefully."""
+    import asyncio
+    asyncio.run(_warm_engine_async(plan, session, timeout, passthrough))
+
+
+async def _warm_engine_async(plan, session, timeout, passthrough) -> None:
+    import asyncio
+    import tempfile
+    import time
+
+    import httpx
+    from turingbox.serve import controller, supervisor
+    from turingbox.serve import options as serve_options  # declares vllm_command
+    from turingbox_plugin.status import read_worker_status
+    from turingbox_warmup.active import run_active_warmup
+
+    del serve_options
+    vllm_command = settings.resolve(("vllm_command",))["vllm_command"]
+    runtime_dir = (plan.get("plugin") or {}).get("runtime_dir") or tempfile.mkdtemp(prefix="turingbox-runtime-")
+    os.makedirs(runtime_dir, exist_ok=True)
+    for name in os.listdir(runtime_dir):  # stale worker status must not pass the strict check
+        if name.startswith("worker-") and name.endswith(".json"):
+            os.unlink(os.path.join(runtime_dir, name))
+    port = controller.free_loopback_port()
+    argv = controller.vllm_argv(plan, port, passthrough, vllm_command)
+    base = f"http://127.0.0.1:{port}"
+    engine = supervisor.Supervisor(output=sys.stdout.buffer)
+    stage("engine-start")
+    await engine.start(argv, engine_env(plan, session.env, runtime_dir))
+    try:
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient(timeout=httpx.Timeout(2.0), trust_env=False) as client:
+            while True:
+                if not engine.running:
+                    raise SeedFailed(f"vLLM exited before it was ready ({supervisor.describe_exit(engine.returncode)}).")
+                if time.monotonic() > deadline:
+                    raise SeedFailed(f"vLLM did not answer within warmup_timeout={timeout:.0f} s.")
+                try:
+                    if (await client.get(base + "/health")).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.5)
+        stage("engine-ready")
+        stage("strict-warmup")
+        problems = strict_warmup_problems(read_worker_status(runtime_dir), int(plan.get("tensor_parallel_size") or 1))
+        if problems:
+            raise SeedFailed("Strict warmup did not pass: " + "; ".join(problems) + ".")
+        stage("active-warmup")
+        model = plan.get("served_model_name") or plan.get("model")
+        await asyncio.to_thread(run_active_warmup, base, model, None, max(60.0, deadline - time.monotonic()))
+    finally:
+        stage("engine-stop")
+        await engine.stop(15.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (python -m turingbox_warmup.command ...), same exit codes as `turingbox`."""
+    parser = argparse.ArgumentParser(prog="turingbox")
+    register(parser.add_subparsers(dest="command", metavar="COMMAND"))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, passthrough = argv[:i], argv[i + 1:]
+    try:
+        args = parser.parse_args(argv)
+        args.vllm_passthrough = passthrough
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"turingbox: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
