@@ -1,0 +1,109 @@
+"""Triton autotune adjustments installed in workers (never in the API server or engine core).
+
+1. sm_75 (any cc < 8.0): Triton's software pipeliner needs cp.async (sm_80+), so configs that
+   differ only in `num_stages` compile to the same code; FLA's GDN lists benchmark 3-4 identical
+   variants each. `dedupe_num_stages` keeps the first config of each group, which cuts autotune
+   time without changing the chosen kernel.
+2. `cache_results` is re-evaluated when tuning runs, not when the module was imported, so
+   TRITON_CACHE_AUTOTUNING works regardless of import order.
+3. Autotune disk lookups use one stable directory (the TRITON_CACHE_DIR the worker started with),
+   because vLLM redirects TRITON_CACHE_DIR on cold compiles but not on AOT cache loads (see the
+   package docstring), which otherwise makes every warm restart re-tune.
+
+The decisions are pure functions; `install()` patches `triton.runtime.autotuner.Autotuner` once.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, Iterable, Sequence
+
+_installed = False
+_lock = threading.Lock()
+
+
+def config_identity_without_stages(config: Any) -> tuple:
+    """Everything that distinguishes a triton.Config except num_stages."""
+    kwargs = tuple(sorted((getattr(config, "kwargs", None) or {}).items()))
+    return (kwargs, getattr(config, "num_warps", None), getattr(config, "num_ctas", None),
+            getattr(config, "maxnreg", None), getattr(config, "pre_hook", None) is not None,
+            repr(getattr(config, "ir_override", None)))
+
+
+def dedupe_num_stages(configs: Sequence[Any]) -> list[Any]:
+    """Keep the first config of each group that differs only in num_stages (order preserved)."""
+    seen: set = set()
+    out = []
+    for c in configs:
+        ident = config_identity_without_stages(c)
+        if ident in seen:
+            continue
+        seen.add(ident)
+        out.append(c)
+    return out
+
+
+def stages_matter(capability: tuple[int, int]) -> bool:
+    """num_stages changes generated code only where Triton can pipeline loads (sm_80+)."""
+    return tuple(capability) >= (8, 0)
+
+
+def install(prune_num_stages: bool, stable_cache_dir: str | None,
+            capability: Callable[[], tuple[int, int]] | None = None) -> bool:
+    """Patch Triton's Autotuner in this (worker) process; idempotent. Returns True when installed."""
+    global _installed
+    with _lock:
+        if _installed:
+            return True
+        try:
+            from triton import knobs
+            from triton.runtime import autotuner
+        except ImportError:
+            return False
+        cls = autotuner.Autotuner
+        original_prune = cls.prune_configs
+        original_check = cls.check_disk_cache
+        cap_cache: list[tuple[int, int]] = []
+
+        def current_capability() -> tuple[int, int]:
+            if not cap_cache:
+                if capability is not None:
+                    cap_cache.append(tuple(capability()))
+                else:
+                    import torch  # the worker has CUDA initialised by the time kernels tune
+                    cap_cache.append(tuple(torch.cuda.get_device_capability()))
+            return cap_cache[0]
+
+        def prune_configs(self, kwargs, *args, **kw):
+            configs = original_prune(self, kwargs, *args, **kw)
+            # Decide disk caching now (see module docstring, point 2).
+            self.cache_results = bool(self.cache_results or knobs.autotuning.cache) and not knobs.runtime.interpret
+            if prune_num_stages and not stages_matter(current_capability()):
+                configs = dedupe_num_stages(configs)
+            return configs
+
+        def check_disk_cache(self, tuning_key, configs, bench_fn):
+            if not stable_cache_dir:
+                return original_check(self, tuning_key, configs, bench_fn)
+            with _lock_env:
+                before = os.environ.get("TRITON_CACHE_DIR")
+                os.environ["TRITON_CACHE_DIR"] = stable_cache_dir
+                try:
+                    return original_check(self, tuning_key, configs, bench_fn)
+                finally:
+                    if before is None:
+                        os.environ.pop("TRITON_CACHE_DIR", None)
+                    else:
+                        os.environ["TRITON_CACHE_DIR"] = before
+
+        cls.prune_configs = prune_configs
+        cls.check_disk_cache = check_disk_cache
+        _installed = True
+        return True
+
+
+_lock_env = threading.RLock()
+
+
+def describe(configs: Iterable[Any]) -> list[str]:
+    return [str(c) for c in configs]

@@ -1,0 +1,120 @@
+"""`verify`: the plugin's kernels vs references on one GPU, or `--compile-only --arch X.Y` without one."""
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import subprocess
+import tempfile
+from typing import Any
+
+from turingbox_plugin.errors import ToolError
+
+_RESOURCE_RE = {
+    "registers": re.compile(r"Used (\d+) registers"),
+    "spill_stores": re.compile(r"(\d+) bytes spill stores"),
+    "spill_loads": re.compile(r"(\d+) bytes spill loads"),
+    "stack_bytes": re.compile(r"(\d+) bytes stack frame"),
+}
+
+
+def parse_arch(text: str) -> int:
+    """"7.5" / "75" / "sm_75" -> 75."""
+    t = str(text).strip().lower().removeprefix("sm_").removeprefix("sm")
+    m = re.fullmatch(r"(\d+)\.(\d)", t) or re.fullmatch(r"(\d)(\d)", t) or re.fullmatch(r"(\d\d)(\d)", t)
+    if not m:
+        raise ToolError(f"--arch {text!r} is invalid: use a compute capability such as 7.5 or 8.0.")
+    return int(m.group(1)) * 10 + int(m.group(2))
+
+
+def parse_ptxas_resources(log: str) -> dict[str, int]:
+    out = {}
+    for key, rx in _RESOURCE_RE.items():
+        m = rx.search(log)
+        out[key] = int(m.group(1)) if m else 0
+    out["spills"] = out["spill_stores"] + out["spill_loads"]
+    return out
+
+
+def ptxas_resources(ptx: str, arch: int) -> dict[str, int]:
+    from turingbox_plugin.doctor import ptxas_path
+
+    path = ptxas_path()
+    if not path:
+        raise RuntimeError("no ptxas (set TRITON_PTXAS_PATH)")
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        r = subprocess.run([path, f"-arch=sm_{arch}", "-v", src, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError((r.stderr or r.stdout).strip().splitlines()[-1] if (r.stderr or r.stdout) else "ptxas failed")
+    return parse_ptxas_resources(r.stdout + r.stderr)
+
+
+def compile_one(name: str, fn: Any, signature: dict, constexprs: dict, arch: int,
+                num_warps: int | None = None) -> dict[str, Any]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    row: dict[str, Any] = {"name": name, "arch": f"{arch // 10}.{arch % 10}", "ok": False}
+    try:
+        options = {"num_warps": num_warps} if num_warps else {}
+        k = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                           target=GPUTarget("cuda", arch, 32), options=options)
+        row["shared_bytes"] = int(k.metadata.shared)
+        row["num_warps"] = int(k.metadata.num_warps)
+        res = ptxas_resources(k.asm["ptx"], arch)
+        row.update(registers=res["registers"], spills=res["spills"], stack_bytes=res["stack_bytes"])
+        limit = 65536 if arch < 80 else (101376 if arch in (86, 89) else 166912 if arch == 80 else 232448)
+        row["shared_limit_bytes"] = limit
+        row["ok"] = row["shared_bytes"] <= limit
+        if not row["ok"]:
+            row["error"] = f"needs {row['shared_bytes']} bytes of shared memory, sm_{arch} allows {limit}"
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+    return row
+
+
+def compile_report(arch_text: str) -> list[dict[str, Any]]:
+    arch = parse_arch(arch_text)
+    from turingbox_plugin.kernels import COMPILE_SPECS
+
+    rows = [compile_one(name, fn, sig, cx, arch) for name, (fn, sig, cx) in COMPILE_SPECS.items()]
+    try:
+        gdn = importlib.import_module("turingbox_plugin.gdn")
+    except ImportError:
+        gdn = None
+    if gdn is not None and hasattr(gdn, "compile_report"):
+        try:
+            rows.extend(gdn.compile_report(f"{arch // 10}.{arch % 10}"))
+        except Exception as exc:
+            rows.append({"name": "turingbox_plugin.gdn", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    return rows
+
+
+def run_on_gpu() -> list[dict[str, Any]]:
+    """Each plugin kernel on synthetic tensors against a torch reference (one GPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ToolError("verify needs a CUDA GPU; use --compile-only --arch 7.5 without one.")
+    from turingbox_plugin.kernels import scaled_copy
+
+    rows = []
+    for dtype in (torch.float16, torch.float32):
+        x = torch.randn(10_007, device="cuda", dtype=dtype)
+        got = scaled_copy(x, 0.5)
+        ref = x * 0.5
+        err = (got.float() - ref.float()).abs().max().item()
+        rows.append({"name": f"scaled_copy_kernel[{str(dtype).split('.')[-1]}]", "ok": err <= 1e-3,
+                     "max_abs_err": err})
+    try:
+        gdn = importlib.import_module("turingbox_plugin.gdn")
+    except ImportError:
+        gdn = None
+    if gdn is not None and hasattr(gdn, "verify_report"):
+        rows.extend(gdn.verify_report())
+    return rows

@@ -1,0 +1,141 @@
+"""Entry-point discovery, register() re-entrancy, inactive no-op, no CUDA in non-worker processes."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+
+from turingbox_plugin.activation import resolve_settings, turingbox_section, argv_additional_config
+
+PROBE = r"""
+import json, os, sys
+before = dict(os.environ)
+sys.argv = json.loads(os.environ.pop("PROBE_ARGV", "[]")) or sys.argv
+before.pop("PROBE_ARGV", None)
+import turingbox_plugin
+turingbox_plugin.register()
+first = dict(os.environ)
+os.environ["TRITON_CACHE_AUTOTUNING"] = "sentinel"
+turingbox_plugin.register()          # re-entrant: a second call must change nothing
+second_ok = os.environ["TRITON_CACHE_AUTOTUNING"] == "sentinel"
+changed = {k: first.get(k) for k in set(first) | set(before) if first.get(k) != before.get(k)}
+cuda_init = None
+if "torch" in sys.modules:
+    cuda_init = sys.modules["torch"].cuda.is_initialized()
+print(json.dumps({"changed": changed, "second_ok": second_ok, "torch_imported": "torch" in sys.modules,
+                  "triton_imported": "triton" in sys.modules, "cuda_init": cuda_init}))
+"""
+
+
+def probe(env_extra: dict | None = None, argv: list[str] | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURINGBOX_") and k != "TRITON_CACHE_AUTOTUNING"}
+    env.update(env_extra or {})
+    if argv:
+        env["PROBE_ARGV"] = json.dumps(argv)
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_entry_point_is_discoverable():
+    eps = [ep for ep in metadata.entry_points(group="vllm.general_plugins") if ep.name == "turingbox"]
+    assert len(eps) == 1
+    assert eps[0].value == "turingbox_plugin:register"
+    assert eps[0].load() is __import__("turingbox_plugin").register
+
+
+def test_inactive_register_changes_nothing_and_imports_no_torch():
+    r = probe()
+    assert r["changed"] == {}
+    assert r["second_ok"]
+    assert not r["torch_imported"] and not r["triton_imported"]
+
+
+def test_env_activation_sets_only_documented_defaults():
+    r = probe({"TURINGBOX_PLUGIN": "1"})
+    assert r["changed"] == {"TRITON_CACHE_AUTOTUNING": "1"}
+    assert r["second_ok"]
+    assert not r["torch_imported"]
+
+
+def test_user_value_wins_over_default():
+    r = probe({"TURINGBOX_PLUGIN": "1", "TRITON_CACHE_AUTOTUNING": "0"})
+    assert r["changed"] == {}
+
+
+def test_additional_config_in_argv_activates():
+    argv = ["vllm", "serve", "m", "--additional-config", json.dumps({"turingbox": {"strict_warmup": True}})]
+    assert probe(argv=argv)["changed"] == {"TRITON_CACHE_AUTOTUNING": "1"}
+    other = ["vllm", "serve", "m", "--additional-config", json.dumps({"someone_else": {}})]
+    assert probe(argv=other)["changed"] == {}
+
+
+def test_malformed_section_does_not_raise_in_register():
+    argv = ["vllm", "serve", "m", "--additional-config={\"turingbox\": {\"gdn\": \"warp\"}}"]
+    assert probe(argv=argv)["changed"] == {}
+
+
+def test_plugin_modules_never_initialise_cuda():
+    code = ("import torch, turingbox_plugin, turingbox_plugin.cli, turingbox_plugin.status, "
+            "turingbox_plugin.warmup_plan, turingbox_plugin.jit_accounting, turingbox_plugin.autotune\n"
+            "from turingbox_plugin import doctor\n"
+            "turingbox_plugin.register(); doctor.run_checks(None)\n"
+            "print(torch.cuda.is_initialized())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TURINGBOX_PLUGIN": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_settings_precedence_and_validation():
+    assert not resolve_settings(None, {}).active
+    assert not resolve_settings({"other": 1}, {}).active
+    s = resolve_settings({"turingbox": {"strict_warmup": True, "gdn": "turbo", "cudagraph_capture_sizes": [4, 1, 2],
+                                        "runtime_dir": "/run/tb"}}, {})
+    assert s.active and s.strict_warmup and s.gdn == "turbo" and s.source == "additional_config"
+    assert s.cudagraph_capture_sizes == (1, 2, 4) and s.runtime_dir == "/run/tb"
+    env = {"TURINGBOX_STRICT_WARMUP": "0", "TURINGBOX_RUNTIME_DIR": "/x"}
+    s2 = resolve_settings({"turingbox": {"strict_warmup": True}}, env)
+    assert not s2.strict_warmup and s2.runtime_dir == "/x"
+    s3 = resolve_settings(None, {"TURINGBOX_PLUGIN": "1", "TURINGBOX_REQUIRE_PLUGIN": "yes"})
+    assert s3.active and s3.require_plugin and s3.source == "env"
+    for bad in ({"turingbox": {"gdn": "warp"}}, {"turingbox": {"strict_warmup": "maybe"}},
+                {"turingbox": {"cudagraph_capture_sizes": [0]}}, {"turingbox": {"max_num_seqs": -1}},
+                {"turingbox": []}):
+        with pytest.raises(ValueError):
+            resolve_settings(bad, {})
+    assert turingbox_section('{"turingbox": true}') == {}
+    assert argv_additional_config(["serve", "--additional-config", "{}"]) == "{}"
+    assert argv_additional_config(["serve"]) is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed here (it is in the image)")
+def test_vllm_plugins_empty_never_loads_plugin():
+    code = ("from vllm.plugins import load_general_plugins\nload_general_plugins()\n"
+            "import sys\nprint('turingbox_plugin' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "VLLM_PLUGINS": ""})
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stderr
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"})
+    assert out.stdout.strip().splitlines()[-1] == "True", out.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed here (it is in the image)")
+def test_worker_class_subclasses_vllm_gpu_worker():
+    from vllm.v1.worker.gpu_worker import Worker
+
+    from turingbox_plugin.worker import TuringboxWorker, deferred_jit_monitor
+    from vllm.triton_utils import jit_monitor
+
+    assert issubclass(TuringboxWorker, Worker)
+    real = jit_monitor.activate
+    with deferred_jit_monitor() as calls:
+        jit_monitor.activate()
+        assert calls == [True] and not jit_monitor.is_active()
+    assert jit_monitor.activate is real
