@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# GPU machine: install vLLM 0.21.0 (from the staged wheel chunks in /tmp/dw) and this checkout into /tmp/site.
+# Idempotent; keeps /tmp between calls while the machine stays warm.  Usage: source tests/gpu/bootstrap.sh
+set -e
+export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+if [ ! -d /tmp/site/vllm ]; then bash .device-wheels/install.sh; fi
+# The project itself, fresh each call (the checkout changes between calls).
+python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site ./plugin . \
+  2>&1 | grep -v -E "^WARNING: Target directory|already exists" || true
+# The sm_75+ GDN kernels: built once per machine with nvcc (about a minute), found through TURINGBOX_GDN_LIB.
+export TURINGBOX_GDN_LIB=/tmp/gdnlib/libturingbox_gdn.so
+if [ ! -f "$TURINGBOX_GDN_LIB" ]; then
+  GDN_LIB_OUT=$TURINGBOX_GDN_LIB JOBS=8 bash plugin/build_gdn.sh >/tmp/gdn-build.log 2>&1 || echo "GDN build failed: see /tmp/gdn-build.log"
+fi
+[ -d /tmp/demo ] || python3 -m turingbox demo-model /tmp/demo
+nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader

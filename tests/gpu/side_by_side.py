@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""GPU machine: `turingbox serve` vs plain `vllm serve` with the same argv, side by side in one run.
+
+Measures, for each server: time to ready, first-request TTFT vs the median of the next ten, decode tok/s
+(through the sidecar and directly against turingbox's upstream, and against plain vLLM), and the KV cache
+vLLM reports vs the plan's. With two GPUs the two servers start at the same time on separate GPUs; with one
+they run one after the other. Writes JSON and logs to $OUT.
+
+  python3 tests/gpu/side_by_side.py --model /tmp/demo --phase cold --out $OUT
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROMPT = "Write a short story about a lighthouse keeper who discovers a message in a bottle."
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def post_json(port: int, path: str, body: dict, timeout: float = 300.0) -> dict:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+        r = conn.getresponse()
+        data = r.read()
+        if r.status != 200:
+            raise RuntimeError(f"POST {path} on :{port} -> {r.status}: {data[:300]!r}")
+        return json.loads(data)
+    finally:
+        conn.close()
+
+
+def ttft(port: int, model: str, max_tokens: int = 8, temperature: float = 0.0) -> float:
+    """Seconds from sending a streaming chat request to the first content chunk."""
+    body = {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": temperature,
+            "messages": [{"role": "user", "content": PROMPT}]}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+    r = conn.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"stream on :{port} -> {r.status}: {r.read()[:300]!r}")
+    first = None
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        if first is None and line.startswith(b"data: {"):
+            chunk = json.loads(line[6:])
+            delta = (chunk.get("choices") or [{}])[0].get("delta") or {}
+            if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+                first = time.perf_counter() - t0
+    conn.close()
+    if first is None:
+        raise RuntimeError(f"no content chunk from :{port}")
+    return first
+
+
+def decode_tps(port: int, model: str, repeats: int = 5, max_tokens: int = 256) -> dict:
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = post_json(port, "/v1/completions", {"model": model, "prompt": PROMPT, "max_tokens": max_tokens,
+                                                   "temperature": 0.0, "ignore_eos": True})
+        dt = time.perf_counter() - t0
+        rates.append(out["usage"]["completion_tokens"] / dt)
+    return {"tok_s": rates, "median_tok_s": statistics.median(rates)}
+
+
+def wait_ready(port: int, path: str, proc: subprocess.Popen, limit: float) -> float | None:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < limit:
+        if proc.poll() is not None:
+            return None
+        try:
+            status, _ = get(port, path, timeout=2)
+            if status == 200:
+                return time.perf_counter() - t0
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return None
+
+
+def kv_reported(log_path: str) -> dict:
+    text = open(log_path, errors="replace").read()
+    out = {}
+    m = re.findall(r"Available KV cache memory: ([\d.]+) GiB", text)
+    if m:
+        out["available_kv_gib"] = float(m[-1])
+    m = re.findall(r"GPU KV cache size: ([\d,]+) tokens", text)
+    if m:
+        out["kv_tokens"] = int(m[-1].replace(",", ""))
+    out["jit_monitor_lines"] = [l for l in text.splitlines() if "JIT" in l and "triton" in l.lower()][:20]
+    return out
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    ap.add_argument("--phase", default="cold")
+    ap.add_argument("--cache", default="/tmp/tbcache")
+    ap.add_argument("--ready-limit", type=float, default=520)
+    ap.add_argument("--gpus", default="0,1", help="GPU for turingbox, GPU for plain vLLM (same = sequential)")
+    ap.add_argument("--skip-plain", action="store_true")
+    ap.add_argument("--extra", default="", help="extra turingbox serve flags")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    gpu_tb, gpu_plain = args.gpus.split(",")
+    parallel = gpu_tb != gpu_plain
+    res: dict = {"phase": args.phase, "parallel": parallel, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+    env_tb = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu_tb, TURINGBOX_CACHE_DIR=args.cache,
+                  PYTHONUNBUFFERED="1")
+    plan = json.loads(subprocess.check_output(
+        [sys.executable, "-m", "turingbox", "plan", "--model", args.model, "--json", *args.extra.split()],
+        env=env_tb))
+    json.dump(plan, open(os.path.join(args.out, f"plan-{args.phase}.json"), "w"), indent=1)
+    res["plan"] = {k: plan.get(k) for k in ("tensor_parallel_size", "num_speculative_tokens", "max_model_len",
+                                           "max_num_seqs", "kv_cache_dtype", "attention_backend", "dtype",
+                                           "gpu_memory_utilization", "cache_key", "memory")}
+    served = plan.get("served_model_name") or plan["model"]
+
+    # Plain vLLM: the plan's argv without turingbox's worker class and config, plugin loading off.
+    plain_args, skip = [], False
+    for a in plan["vllm_args"]:
+        if skip:
+            skip = False
+            continue
+        if a in ("--worker-cls", "--additional-config"):
+            skip = True
+            continue
+        plain_args.append(a)
+    env_plain = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu_plain, VLLM_PLUGINS="", PYTHONUNBUFFERED="1",
+                     VLLM_CACHE_ROOT=os.path.join(args.cache + "-plain", "vllm"))
+    for k, v in plan.get("env", {}).items():
+        if k not in ("CUDA_VISIBLE_DEVICES",):
+            env_plain.setdefault(k, v)
+    res["plain_argv"] = plain_args
+
+    def start_tb():
+        lf = open(os.path.join(args.out, f"turingbox-{args.phase}.log"), "w")
+        cmd = [sys.executable, "-m", "turingbox", "serve", "--model", args.model, "--port", "8000",
+               "--upstream-port", "8100", *args.extra.split()]
+        return subprocess.Popen(cmd, env=env_tb, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True), lf
+
+    def start_plain():
+        lf = open(os.path.join(args.out, f"plain-{args.phase}.log"), "w")
+        cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", *plain_args, "--host", "127.0.0.1",
+               "--port", "8200"]
+        return subprocess.Popen(cmd, env=env_plain, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True), lf
+
+    def measure(name: str, port: int, proc, ready_path: str, extra_ports=()):
+        t = wait_ready(port, ready_path, proc, args.ready_limit)
+        r = {"ready_s": t}
+        log(f"{name} ready after {t}")
+        if t is None:
+            return r
+        r["first_ttft_s"] = ttft(port, served)
+        later = [ttft(port, served) for _ in range(10)]
+        r["later_ttft_s"] = later
+        r["later_ttft_median_s"] = statistics.median(later)
+        r["first_over_later"] = r["first_ttft_s"] / r["later_ttft_median_s"]
+        r["decode"] = decode_tps(port, served)
+        for label, p in extra_ports:
+            r[f"decode_{label}"] = decode_tps(p, served)
+            r[f"ttft_{label}_median_s"] = statistics.median([ttft(p, served) for _ in range(10)])
+        return r
+
+    t_start = time.perf_counter()
+    tb, tb_log = start_tb()
+    plain = None
+    if not args.skip_plain and parallel:
+        plain, plain_log = start_plain()
+    try:
+        res["turingbox"] = measure("turingbox", 8000, tb, "/health/ready", extra_ports=[("direct_upstream", 8100)])
+        status, metrics = get(8000, "/metrics")
+        res["turingbox"]["jit_after_ready"] = [l for l in metrics.decode().splitlines()
+                                               if l.startswith("turingbox_jit_after_ready")]
+        if plain is None and not args.skip_plain:
+            stop(tb)
+            plain, plain_log = start_plain()
+        if plain is not None:
+            res["plain"] = measure("plain", 8200, plain, "/health", ())
+    finally:
+        stop(tb)
+        if plain is not None:
+            stop(plain)
+    res["turingbox"]["kv"] = kv_reported(os.path.join(args.out, f"turingbox-{args.phase}.log"))
+    if plain is not None:
+        res["plain"]["kv"] = kv_reported(os.path.join(args.out, f"plain-{args.phase}.log"))
+    res["wall_s"] = time.perf_counter() - t_start
+    json.dump(res, open(os.path.join(args.out, f"side_by_side-{args.phase}.json"), "w"), indent=1)
+    print(json.dumps({k: v for k, v in res.items() if k != "plain_argv"}, indent=1, default=str)[:6000])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
