@@ -1,0 +1,215 @@
+"""GPU inventory: what NVML reports (or a JSON file shaped like it), with visibility applied.
+
+The only module that talks to NVML is `NvmlSource`; everything else works on `Gpu` values, so the
+planner and its tests run on machines without a GPU (`--gpus-json FILE`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
+
+from turingbox.errors import PlanError, UsageError
+
+INVENTORY_FIELDS = ("index", "uuid", "name", "compute_capability", "memory_total_mib",
+                    "memory_free_mib", "pci_bus_id")
+_CC = re.compile(r"^(\d+)\.(\d+)$")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int                 # NVML index (PCI bus order), as this process sees it
+    uuid: str                  # "GPU-xxxxxxxx-xxxx-..."
+    name: str                  # "NVIDIA GeForce RTX 2080 Ti"
+    compute_capability: str    # "7.5"
+    memory_total_mib: int
+    memory_free_mib: int
+    pci_bus_id: str            # "00000000:01:00.0"
+
+    @property
+    def cc(self) -> tuple[int, int]:
+        m = _CC.match(self.compute_capability)
+        return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+    @property
+    def sm(self) -> int:
+        major, minor = self.cc
+        return major * 10 + minor
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.sm}"
+
+    @property
+    def kind(self) -> tuple[str, str, int]:
+        """GPUs of one kind may share a TP group: same name, architecture and memory size."""
+        return (self.name, self.compute_capability, self.memory_total_mib)
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.arch}, {self.memory_total_mib} MiB)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def pci_sort_key(gpu: Gpu) -> tuple:
+    """CUDA_DEVICE_ORDER=PCI_BUS_ID order: domain, bus, device, function (hex), then NVML index."""
+    parts = re.split(r"[:.]", gpu.pci_bus_id.lower())
+    try:
+        return (tuple(int(p, 16) for p in parts), gpu.index)
+    except ValueError:
+        return ((), gpu.index)
+
+
+def gpu_from_dict(obj: Any, where: str) -> Gpu:
+    """Validate one inventory entry; bad input -> UsageError naming the file and field."""
+    if not isinstance(obj, dict):
+        raise UsageError(f"{where} is not an object with the inventory fields {', '.join(INVENTORY_FIELDS)}.")
+    missing = [k for k in INVENTORY_FIELDS if k not in obj]
+    if missing:
+        raise UsageError(f"{where} lacks {', '.join(missing)}.")
+    try:
+        index = int(obj["index"])
+        total = int(obj["memory_total_mib"])
+        free = int(obj["memory_free_mib"])
+    except (TypeError, ValueError):
+        raise UsageError(f"{where} has a non-integer index or memory field.") from None
+    cc = str(obj["compute_capability"]).strip()
+    if not _CC.match(cc):
+        raise UsageError(f"{where} has compute_capability {obj['compute_capability']!r}; expected e.g. \"7.5\".")
+    if index < 0 or total <= 0 or free < 0 or free > total:
+        raise UsageError(f"{where} has impossible values (index {index}, memory_total_mib {total}, "
+                         f"memory_free_mib {free}).")
+    uuid = str(obj["uuid"]).strip()
+    if not uuid:
+        raise UsageError(f"{where} has an empty uuid.")
+    return Gpu(index=index, uuid=uuid, name=str(obj["name"]).strip(), compute_capability=cc,
+               memory_total_mib=total, memory_free_mib=free, pci_bus_id=str(obj["pci_bus_id"]).strip())
+
+
+class GpuSource(Protocol):
+    description: str
+
+    def list_gpus(self) -> list[Gpu]: ...
+
+
+class JsonSource:
+    """The DESIGN inventory JSON: a list of GPU objects (or {"gpus": [...]})."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.description = f"json:{path}"
+
+    def list_gpus(self) -> list[Gpu]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            raise UsageError(f"--gpus-json file {self.path} does not exist.") from None
+        except (OSError, ValueError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UsageError(f"--gpus-json file {self.path} is not valid JSON ({reason}).") from None
+        if isinstance(data, dict) and isinstance(data.get("gpus"), list):
+            data = data["gpus"]
+        if not isinstance(data, list):
+            raise UsageError(f"--gpus-json file {self.path} must hold a JSON list of GPUs.")
+        gpus = [gpu_from_dict(item, f"--gpus-json {self.path} entry {i}") for i, item in enumerate(data)]
+        _check_unique(gpus, f"--gpus-json file {self.path}")
+        return gpus
+
+
+class NvmlSource:
+    """The real GPUs, through nvidia-ml-py. Initialises NVML only (never CUDA)."""
+
+    description = "nvml"
+
+    def __init__(self, nvml: Any = None):
+        self._nvml = nvml
+
+    def list_gpus(self) -> list[Gpu]:
+        nvml = self._nvml
+        if nvml is None:
+            try:
+                import pynvml as nvml  # nvidia-ml-py
+            except ImportError:
+                raise PlanError("nvidia-ml-py is not installed, so no GPU can be found; "
+                                "install it or pass --gpus-json FILE.") from None
+        try:
+            nvml.nvmlInit()
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            raise PlanError(f"no NVIDIA GPU found: NVML did not start ({_nvml_reason(exc)}); "
+                            "run with the NVIDIA runtime (--gpus all) or pass --gpus-json FILE.") from None
+        try:
+            gpus = []
+            for i in range(nvml.nvmlDeviceGetCount()):
+                h = nvml.nvmlDeviceGetHandleByIndex(i)
+                major, minor = nvml.nvmlDeviceGetCudaComputeCapability(h)
+                mem = nvml.nvmlDeviceGetMemoryInfo(h)
+                pci = nvml.nvmlDeviceGetPciInfo(h)
+                bus_id = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
+                gpus.append(Gpu(
+                    index=i,
+                    uuid=_text(nvml.nvmlDeviceGetUUID(h)),
+                    name=_text(nvml.nvmlDeviceGetName(h)),
+                    compute_capability=f"{major}.{minor}",
+                    memory_total_mib=int(mem.total) // (1 << 20),
+                    memory_free_mib=int(mem.free) // (1 << 20),
+                    pci_bus_id=bus_id,
+                ))
+            return gpus
+        except Exception as exc:
+            raise PlanError(f"reading the GPUs through NVML failed ({_nvml_reason(exc)}).") from None
+        finally:
+            try:
+                nvml.nvmlShutdown()
+            except Exception:
+                pass
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _nvml_reason(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def _check_unique(gpus: Sequence[Gpu], where: str) -> None:
+    seen_idx, seen_uuid = set(), set()
+    for g in gpus:
+        if g.index in seen_idx:
+            raise UsageError(f"{where} lists GPU index {g.index} twice.")
+        if g.uuid in seen_uuid:
+            raise UsageError(f"{where} lists GPU {g.uuid} twice.")
+        seen_idx.add(g.index)
+        seen_uuid.add(g.uuid)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    gpus: tuple[Gpu, ...]                 # visible GPUs in CUDA (PCI bus) order
+    source: str                           # "nvml" or "json:PATH"
+    all_gpus: tuple[Gpu, ...] = ()        # everything the source reported, before visibility
+    hidden: tuple[dict, ...] = field(default=())   # [{uuid, index, reason}] hidden by visibility vars
+    visibility: str = ""                  # one line: which variables filtered what
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "visibility": self.visibility,
+                "gpus": [g.to_dict() for g in self.gpus], "hidden": list(self.hidden)}
+
+
+def read_inventory(gpus_json: str | None, env: Mapping[str, str] | None = None,
+                   source: GpuSource | None = None) -> Inventory:
+    """The visible GPUs in CUDA order: NVML (or the JSON file), then NVIDIA_/CUDA_VISIBLE_DEVICES."""
+    from turingbox.gpus.visibility import apply_visibility
+
+    env = os.environ if env is None else env
+    if source is None:
+        source = JsonSource(gpus_json) if gpus_json else NvmlSource()
+    reported = sorted(source.list_gpus(), key=pci_sort_key)
+    visible, hidden, note = apply_visibility(reported, env)
+    return Inventory(gpus=tuple(visible), source=source.description, all_gpus=tuple(reported),
+                     hidden=tuple(hidden), visibility=note)

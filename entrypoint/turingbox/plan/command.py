@@ -1,0 +1,240 @@
+"""`turingbox plan`: inventory + model config + settings -> the plan (JSON or a readable table).
+
+The side effects live here (NVML or --gpus-json, config.json, the demo model, package versions);
+the decisions live in the pure `turingbox.plan.planner.make_plan`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+from typing import Any, Mapping
+
+from turingbox import settings as S
+from turingbox.errors import PlanError, UsageError
+from turingbox.plan import arch as archmod
+
+try:   # declares models_dir / demo_layers / demo_awq; the demo writer itself is imported lazily
+    from turingbox.model import demo as _demo_settings  # noqa: F401
+    DEMO_SETTINGS: tuple[str, ...] = ("models_dir", "demo_layers", "demo_awq")
+except ImportError:       # pragma: no cover - the demo module ships with the appliance
+    DEMO_SETTINGS = ()
+
+
+def _path(text: str) -> str:
+    text = str(text).strip()
+    if not text:
+        raise ValueError("must be a path")
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def _context(text: str) -> int:
+    """Tokens: 262144, 256k or 256K (x1024)."""
+    t = str(text).strip().lower()
+    scale = 1024 if t.endswith("k") else 1
+    value = S.positive_int(t[:-1] if scale > 1 else t) * scale
+    return value
+
+
+def _mtp(text: str) -> int:
+    value = S.non_negative_int(text)
+    if value > archmod.MTP_MAX:
+        raise ValueError(f"must be between 0 and {archmod.MTP_MAX}")
+    return value
+
+
+def _backend(text: str) -> str:
+    return S.choice(*(b.lower() for b in archmod.BACKENDS))(text).upper()
+
+
+def _dtype(text: str) -> str | None:
+    value = S.choice("auto", "half", "float16", "bfloat16")(text)
+    return None if value == "auto" else ("half" if value == "float16" else value)
+
+
+def _kv_dtype(text: str) -> str | None:
+    return S.choice(*archmod.KV_DTYPES)(text)
+
+
+_DECLARED = [
+    S.Setting("model", "model directory (config.json, tokenizer, weights); unset: the built-in demo model", _path),
+    S.Setting("gpus_json", "read the GPU inventory from this JSON file instead of NVML (simulation)", _path),
+    S.Setting("tensor_parallel_size", "tensor-parallel GPUs (default: the largest legal count of identical GPUs)",
+              S.positive_int, env="TURINGBOX_TP"),
+    S.Setting("mtp", f"MTP speculative tokens, 0-{archmod.MTP_MAX} (default: by architecture and TP)", _mtp),
+    S.Setting("max_model_len", "context length in tokens, e.g. 262144 or 256k (default: the model's; "
+              "shrunk to what fits)", _context),
+    S.Setting("max_num_seqs", "concurrent sequences, each able to reach max_model_len (default: what fits)",
+              S.positive_int),
+    S.Setting("max_num_batched_tokens", "tokens per engine step (prefill chunk)", S.positive_int),
+    S.Setting("gpu_memory_utilization", "fraction of each GPU vLLM may budget (default: from free memory)",
+              S.fraction),
+    S.Setting("kv_cache_dtype", "KV cache dtype: " + ", ".join(archmod.KV_DTYPES) + " (default: fp8)", _kv_dtype),
+    S.Setting("attention_backend", "attention backend: " + ", ".join(archmod.BACKENDS) + " (default: by architecture)",
+              _backend),
+    S.Setting("dtype", "activation dtype: auto, half, bfloat16 (sm_75: half)", _dtype),
+    S.Setting("gdn_prefill_backend", "GDN prefill kernels: triton or flashinfer (sm_90 only)",
+              S.choice("triton", "flashinfer")),
+    S.Setting("gdn", "GDN path in the workers: auto, turbo (turingbox's sm_75 kernels) or vllm",
+              S.choice("auto", "turbo", "vllm"), default="auto"),
+    S.Setting("enforce_eager", "no CUDA graphs (debugging; decode is several times slower)", S.boolean, default=False),
+    S.Setting("prefix_caching", "prefix caching (with --mamba-cache-mode align for GDN models)", S.boolean,
+              default=True),
+    S.Setting("served_model_name", "model name clients use (default: the model directory's name)", str),
+    S.Setting("min_model_len", "refuse to plan when the context would shrink below this many tokens", _context,
+              default=4096),
+    S.Setting("strict_warmup", "fail start-up when any kernel compiles after warmup", S.boolean, default=True),
+    S.Setting("require_plugin", "fail start-up when the turingbox vLLM plugin is not active in the workers",
+              S.boolean, default=True),
+    S.Setting("benchmark_mode", "plugin benchmark mode (synthetic MTP acceptance for dummy weights)", S.boolean,
+              default=False),
+    S.Setting("runtime_dir", "directory where workers write their status files", _path,
+              default=os.path.join(tempfile.gettempdir(), "turingbox-runtime")),
+]
+for _s in _DECLARED:
+    S.declare(_s)
+
+PLAN_SETTINGS: tuple[str, ...] = tuple(s.name for s in _DECLARED) + DEMO_SETTINGS
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "plan", help="print the vLLM plan for this machine's GPUs (or a --gpus-json inventory)",
+        description="Choose tensor parallelism, MTP depth, memory sizing and vLLM arguments for the visible "
+                    "GPUs and the model; print a table with the reasons, or the plan as JSON.")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    S.add_arguments(parser, PLAN_SETTINGS)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_from_args(args)
+    if getattr(args, "json", False):
+        sys.stdout.write(json.dumps(plan, indent=2) + "\n")
+    else:
+        sys.stdout.write(format_table(plan))
+    return 0
+
+
+# ---- plan_from_args ----------------------------------------------------------------------------------
+
+def _software() -> dict[str, str]:
+    from turingbox_warmup.fingerprint import software_versions
+    return software_versions()
+
+
+def _explicit(name: str, args: argparse.Namespace | None, env: Mapping[str, str]) -> bool:
+    s = S.REGISTRY[name]
+    return (args is not None and getattr(args, name, None) is not None) or env.get(s.env_name, "") != ""
+
+
+def _load_model(path: str):
+    from turingbox_plugin.errors import ToolError
+    from turingbox_plugin.model_config import load_model_config
+    try:
+        return load_model_config(path)
+    except ToolError as exc:       # one sentence either way; callers catch UsageError
+        raise UsageError(str(exc)) from None
+
+
+def plan_from_args(args: argparse.Namespace | None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Resolve the plan settings once, read the GPUs and the model (or the demo model), plan."""
+    from turingbox.gpus.inventory import read_inventory
+    from turingbox.plan.planner import make_plan
+
+    env = os.environ if env is None else env
+    values = S.resolve(PLAN_SETTINGS, args, env)
+    inventory = read_inventory(values["gpus_json"], env)
+    software = _software()
+    if values["model"]:
+        return make_plan(inventory, _load_model(values["model"]), values, software)
+    return _plan_demo(inventory, values, args, env, software)
+
+
+def _demo_dir(models_dir: str, awq: bool, layers: int | None) -> str:
+    from turingbox.model import demo
+    if not awq and layers is None:
+        return demo.default_demo_dir(models_dir)
+    suffix = ("-awq" if awq else "") + (f"-{layers}l" if layers else "")
+    return os.path.join(models_dir, demo.DEMO_DIR_NAME + suffix)
+
+
+def _plan_demo(inventory, values: dict, args, env: Mapping[str, str], software: dict) -> dict[str, Any]:
+    """No model configured: the demo model, in the first variant that fits these GPUs."""
+    import hashlib
+
+    from turingbox.model import demo
+    from turingbox.plan.planner import make_plan
+    from turingbox_plugin.model_config import _from_dict
+
+    if not values.get("models_dir"):
+        raise UsageError("no model is configured and TURINGBOX_MODELS_DIR is empty; set --model or --models-dir.")
+    explicit = _explicit("demo_awq", args, env) or _explicit("demo_layers", args, env)
+    if explicit:
+        variants = [(bool(values.get("demo_awq")), values.get("demo_layers"))]
+        why = "the demo variant set by TURINGBOX_DEMO_AWQ/TURINGBOX_DEMO_LAYERS"
+    else:
+        newest = max((g.sm for g in inventory.gpus), default=0)
+        smaller = [(True, n) for n in (32, 16, 8, 4)]
+        if newest and newest < 80:
+            variants = [(True, None)] + smaller
+            why = "AWQ INT4 on sm_75, as the seed served it on Turing"
+        else:
+            variants = [(False, None), (True, None)] + smaller
+            why = "the first variant (bf16 27B, then AWQ, then fewer layers) that fits"
+    last_error: PlanError | None = None
+    for awq, layers in variants:
+        target = _demo_dir(values["models_dir"], awq, layers)
+        cfg = demo.make_config(awq, layers)
+        digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
+        try:
+            make_plan(inventory, _from_dict(cfg, target, digest), values, software)
+        except PlanError as exc:
+            last_error = exc
+            continue
+        path = demo.ensure_demo_model(target, awq=awq, layers=layers)
+        plan = make_plan(inventory, _load_model(path), values, software)
+        n = cfg["text_config"]["num_hidden_layers"]
+        plan["reasons"].insert(0, f"model: the built-in demo ({'AWQ INT4' if awq else 'bf16'}, {n} layers of "
+                                  f"Qwen3.6-27B) at {path}: no model was configured; {why}.")
+        return plan
+    assert last_error is not None
+    raise last_error
+
+
+# ---- table output --------------------------------------------------------------------------------------
+
+def format_table(plan: Mapping[str, Any]) -> str:
+    m = plan["memory"]
+    rows = [
+        ("model", f"{plan['model']}" + ("  (demo)" if plan.get("demo") else "")),
+        ("served as", plan["served_model_name"]),
+        ("GPUs", f"{plan['tensor_parallel_size']}x {plan['gpu_name']} (sm_{plan['compute_capability'].replace('.', '')}), "
+                 f"CUDA_VISIBLE_DEVICES={plan['env']['CUDA_VISIBLE_DEVICES']}"),
+        ("tensor_parallel_size", plan["tensor_parallel_size"]),
+        ("num_speculative_tokens", plan["num_speculative_tokens"]),
+        ("dtype / quantization", f"{plan['dtype']} / {plan['quantization'] or 'none'}"),
+        ("attention / kv cache", f"{plan['attention_backend']} / {plan['kv_cache_dtype']}"),
+        ("GDN prefill / path", f"{plan['gdn_prefill_backend']} / {plan['gdn_path']}"),
+        ("max_model_len", plan["max_model_len"]),
+        ("max_num_seqs", plan["max_num_seqs"]),
+        ("max_num_batched_tokens", plan["max_num_batched_tokens"]),
+        ("gpu_memory_utilization", plan["gpu_memory_utilization"]),
+        ("per GPU (GiB)", f"weights {m['weights_gib']:.2f}, activations {m['activation_gib']:.2f}, "
+                          f"CUDA graphs {m['cudagraph_gib']:.2f}, KV cache {m['kv_cache_gib']:.2f}"),
+        ("KV cache", f"{m['kv_cache_tokens']} tokens, block size {m['block_size']}, "
+                     f"{m['max_concurrency_at_max_len']}x max_model_len"),
+        ("CUDA graphs", "off (eager)" if plan["enforce_eager"] else
+         f"{len(plan['cudagraph_capture_sizes'])} sizes up to {max(plan['cudagraph_capture_sizes'] or [0])}"),
+        ("cache_key", plan["cache_key"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    out = ["turingbox plan", ""] + [f"  {k.ljust(width)}  {v}" for k, v in rows]
+    if plan["excluded_gpus"]:
+        out += ["", "excluded GPUs:"] + [f"  - GPU {e['index']} {e['uuid']}: {e['reason']}" for e in plan["excluded_gpus"]]
+    out += ["", "reasons:"] + [f"  - {r}" for r in plan["reasons"]]
+    out += ["", "vllm " + " ".join(shlex.quote(a) for a in plan["vllm_args"]), ""]
+    return "\n".join(out)

@@ -1,0 +1,523 @@
+"""The planner: (GPUs, model config, settings, software versions) -> plan dict. PURE.
+
+No NVML, no files, no environment: the command layer reads those and passes values in, so every
+decision here is table-testable on fake inventories. Every automatic decision adds one sentence to
+`reasons`; every override (a non-None setting) wins after validation.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from turingbox.errors import PlanError, UsageError
+from turingbox.gpus.inventory import Gpu, Inventory, pci_sort_key
+from turingbox.gpus.visibility import cuda_visible_devices
+from turingbox.plan import arch as archmod
+from turingbox.plan import memory as mem
+from turingbox_plugin.model_config import ModelConfig
+from turingbox_warmup.fingerprint import cache_key, fingerprint_inputs
+
+WORKER_CLS = "turingbox_plugin.worker.TuringboxWorker"
+DEFAULT_MIN_MODEL_LEN = 4096
+CONTEXT_ROUNDING = 256          # a shrunk max_model_len is rounded down to this
+REASONING_PARSER = "qwen3"
+TOOL_PARSER = "qwen3_coder"     # Qwen3.5/3.6 emit Qwen3-Coder style XML tool calls
+
+# Settings the planner reads (names in turingbox.settings); None means "decide automatically".
+DEFAULTS: dict[str, Any] = {
+    "tensor_parallel_size": None, "mtp": None, "max_model_len": None, "max_num_seqs": None,
+    "max_num_batched_tokens": None, "gpu_memory_utilization": None, "kv_cache_dtype": None,
+    "attention_backend": None, "dtype": None, "gdn_prefill_backend": None, "gdn": None,
+    "enforce_eager": False, "prefix_caching": True, "served_model_name": None,
+    "min_model_len": DEFAULT_MIN_MODEL_LEN, "strict_warmup": True, "require_plugin": True,
+    "benchmark_mode": False, "runtime_dir": "/tmp/turingbox",
+}
+
+
+# ---- tensor parallelism ----------------------------------------------------------------------------
+
+def tp_problem(model: ModelConfig, tp: int) -> str | None:
+    """Why vLLM 0.21 cannot split this model tp ways, or None when it can."""
+    heads, kv = model.num_attention_heads, model.num_key_value_heads
+    if heads % tp:
+        return f"{tp} does not divide the {heads} attention heads"
+    # QKVParallelLinear / Qwen3NextAttention: split when kv >= tp, replicate when tp is a multiple of kv.
+    if kv >= tp and kv % tp:
+        return f"{tp} does not divide the {kv} KV heads"
+    if kv < tp and tp % kv:
+        return f"{tp} is not a multiple of the {kv} KV heads, so they can be neither split nor replicated"
+    if model.num_linear_attention_layers:
+        # gdn_linear_attn.py: divide(num_v_heads, tp), num_k_heads // tp heads per rank.
+        for label, n in (("GDN key", model.linear_num_key_heads), ("GDN value", model.linear_num_value_heads)):
+            if n % tp:
+                return f"{tp} does not divide the {n} {label} heads"
+    if model.intermediate_size % tp:
+        return f"{tp} does not divide the MLP width {model.intermediate_size}"
+    return mem.tp_quantization_problem(model, tp)
+
+
+def legal_tps(model: ModelConfig, n: int) -> list[int]:
+    return [t for t in range(n, 0, -1) if tp_problem(model, t) is None]
+
+
+def head_summary(model: ModelConfig) -> str:
+    text = f"{model.num_attention_heads} attention heads and {model.num_key_value_heads} KV heads"
+    if model.num_linear_attention_layers:
+        text += f" and {model.linear_num_key_heads}/{model.linear_num_value_heads} GDN key/value heads"
+    return text
+
+
+# ---- memory sizing for one candidate ---------------------------------------------------------------
+
+@dataclass
+class Sizing:
+    gpu_memory_utilization: float
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    layout: mem.KvLayout
+    memory: dict
+    capture_sizes: list[int]
+    reasons: list[str]
+
+
+def _fail_fit(gpus: Sequence[Gpu], weights: int, runtime: int, kv_avail: int, need: int, floor: int) -> PlanError:
+    g = gpus[0]
+    return PlanError(
+        f"the model does not fit on {len(gpus)}x {g.name} ({g.memory_total_mib / 1024:.1f} GiB each): "
+        f"its weights need {mem.gib(weights):.2f} GiB per GPU and vLLM's runtime {mem.gib(runtime):.2f} GiB more, "
+        f"leaving {mem.gib(kv_avail):.2f} GiB for the KV cache where {mem.gib(need):.2f} GiB is needed for "
+        f"one {floor}-token sequence.")
+
+
+def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int, rules: archmod.ArchRules,
+                s: Mapping[str, Any], include_vision: bool) -> Sizing:
+    reasons: list[str] = []
+    total_mib = min(g.memory_total_mib for g in gpus)
+    free_mib = min(g.memory_free_mib for g in gpus)
+    act_bytes = mem.dtype_bytes(rules.dtype)
+
+    # gpu_memory_utilization: what vLLM may budget, the rest stays for context/NCCL/late allocations.
+    util_auto, outside = mem.gpu_memory_utilization(total_mib, free_mib, tp, rules.attention_backend == "FLASHINFER")
+    if s["gpu_memory_utilization"] is not None:
+        util = float(s["gpu_memory_utilization"])
+        limit_mib = free_mib - outside["cuda_context_mib"] - outside["nccl_mib"]
+        if util * total_mib > limit_mib:
+            raise UsageError(f"TURINGBOX_GPU_MEMORY_UTILIZATION {util} asks for {util * total_mib / 1024:.2f} GiB "
+                             f"per GPU but only {limit_mib / 1024:.2f} GiB are free after the CUDA context.")
+        reasons.append(f"gpu_memory_utilization={util}: set by TURINGBOX_GPU_MEMORY_UTILIZATION.")
+    else:
+        util = util_auto
+        if util <= 0:
+            raise PlanError(f"{gpus[0].name} has {free_mib / 1024:.2f} GiB free of {total_mib / 1024:.2f} GiB, "
+                            f"less than the {sum(outside.values()) / 1024:.2f} GiB vLLM needs outside its budget.")
+        shared = " (another process uses the card, so 0.5 GiB more is kept free)" \
+            if outside["shared_gpu_headroom_mib"] else ""
+        reasons.append(f"gpu_memory_utilization={util}: {free_mib / 1024:.2f} GiB free of {total_mib / 1024:.2f} GiB, "
+                       f"minus {sum(outside.values()) / 1024:.2f} GiB for CUDA context, "
+                       f"{'NCCL, ' if tp > 1 else ''}late allocations and slack{shared}.")
+    requested = int(util * total_mib * mem.MIB)
+
+    weights = mem.weight_bytes_per_rank(model, tp, act_bytes, include_vision)
+    layout = mem.kv_layout(model, tp, num_spec, rules.kv_cache_dtype, rules.dtype, bool(s["prefix_caching"]))
+
+    # Batched tokens: align mode schedules whole blocks, so a block must fit in one step.
+    need_mnbt = max(layout.block_size if s["prefix_caching"] else 1, 1)
+    if s["max_num_batched_tokens"] is not None:
+        mnbt = int(s["max_num_batched_tokens"])
+        if mnbt < need_mnbt:
+            raise UsageError(f"TURINGBOX_MAX_NUM_BATCHED_TOKENS {mnbt} is below the {need_mnbt}-token KV block "
+                             "that --mamba-cache-mode align must schedule in one step.")
+        reasons.append(f"max_num_batched_tokens={mnbt}: set by TURINGBOX_MAX_NUM_BATCHED_TOKENS.")
+        mnbt_auto = False
+    else:
+        mnbt = max(rules.default_max_num_batched_tokens, mem.cdiv(need_mnbt, 256) * 256)
+        mnbt_auto = True
+
+    seqs_cap = int(s["max_num_seqs"]) if s["max_num_seqs"] is not None else rules.default_max_num_seqs
+
+    def kv_available(seqs: int, batched: int) -> tuple[int, int, int, int, list[int]]:
+        """(KV pool, activation peak, CUDA-graph estimate, non-torch growth, capture sizes) in bytes."""
+        act = mem.activation_bytes(model, tp, batched, seqs, num_spec, act_bytes)
+        if include_vision:
+            act += VISION_PROFILE_MIB * mem.MIB
+        sizes: list[int] = []
+        cg = 0
+        if not s["enforce_eager"]:
+            sizes = mem.cudagraph_capture_sizes(seqs, num_spec, batched)
+            graphs = {"PIECEWISE": len(sizes)}
+            if rules.full_decode_graphs:
+                graphs["FULL"] = len([x for x in mem.full_decode_sizes(sizes, num_spec)
+                                      if x <= seqs * (1 + num_spec)])
+            cg = mem.cudagraph_bytes(model, graphs, sizes[-1] if sizes else 0, act_bytes)
+        non_torch = mem.NON_TORCH_INCREASE_MIB * mem.MIB
+        return requested - weights.total - act - cg - non_torch, act, cg, non_torch, sizes
+
+    # Context and concurrency: each of max_num_seqs sequences may reach max_model_len.
+    model_max = model.max_position_embeddings
+    if s["max_model_len"] is not None:
+        want_len = int(s["max_model_len"])
+        if want_len > model_max:
+            raise UsageError(f"TURINGBOX_MAX_MODEL_LEN {want_len} exceeds the model's {model_max}-token context "
+                             "(max_position_embeddings).")
+        len_source = "requested"
+    else:
+        want_len = model_max
+        len_source = "the model's full context"
+    floor = min(int(s["min_model_len"] or DEFAULT_MIN_MODEL_LEN), want_len)
+
+    # When memory is tight, a smaller prefill chunk lowers the activation peak (auto only).
+    options = [mnbt]
+    if mnbt_auto:
+        smaller = mnbt // 2
+        while smaller >= max(need_mnbt, 512):
+            options.append(mem.cdiv(smaller, 256) * 256)
+            smaller //= 2
+    for option in options:
+        kv_avail, act, cg, non_torch, sizes = kv_available(seqs_cap, max(option, seqs_cap * (1 + num_spec)))
+        margin = max(mem.KV_SAFETY_MIN_MIB * mem.MIB, int(mem.KV_SAFETY_FRACTION * max(kv_avail, 0)))
+        usable = kv_avail - margin
+        if usable >= layout.bytes_for(floor, 1):
+            break
+    else:
+        runtime = requested - kv_avail - weights.total + sum(outside.values()) * mem.MIB
+        raise _fail_fit(gpus, weights.total, runtime, usable, layout.bytes_for(floor, 1), floor)
+    lowered_from = mnbt if option != mnbt else None
+    mnbt = option
+
+    per_seq = layout.bytes_for(want_len, 1)
+    if s["max_num_seqs"] is not None:
+        seqs = int(s["max_num_seqs"])
+        reasons.append(f"max_num_seqs={seqs}: set by TURINGBOX_MAX_NUM_SEQS.")
+    else:
+        seqs = max(1, min(seqs_cap, usable // per_seq))
+        if usable // per_seq >= seqs_cap:
+            reasons.append(f"max_num_seqs={seqs}: the {rules.arch} default; {seqs} sequences of {want_len} tokens fit.")
+        elif usable >= per_seq:
+            reasons.append(f"max_num_seqs={seqs}: {seqs} sequence{'s' if seqs > 1 else ''} of {want_len} tokens "
+                           f"fit{'' if seqs > 1 else 's'} in {mem.gib(usable):.2f} GiB of KV cache per GPU (at {mem.gib(per_seq):.2f} GiB each).")
+        else:
+            reasons.append(f"max_num_seqs=1: not even one sequence of {want_len} tokens fits, so the context shrinks.")
+
+    max_len = want_len
+    if layout.bytes_for(want_len, seqs) > usable:
+        fit = layout.max_len_for(usable, seqs)
+        fit = min(want_len, fit // CONTEXT_ROUNDING * CONTEXT_ROUNDING if fit >= CONTEXT_ROUNDING else fit)
+        if fit < floor:
+            raise PlanError(
+                f"max_model_len would shrink to {fit} tokens, below the {floor}-token floor"
+                + (" (lower max_num_seqs)" if seqs > 1 else "") + f": {seqs} sequence(s) of "
+                f"{floor} tokens need {mem.gib(layout.bytes_for(floor, seqs)):.2f} GiB of KV cache and GDN state per GPU "
+                f"but only {mem.gib(usable):.2f} GiB fit after {mem.gib(weights.total):.2f} GiB of weights.")
+        reasons.append(f"max_model_len={fit} (shrunk from {len_source}, {want_len}): {seqs} sequence(s) of {want_len} "
+                       f"tokens need {mem.gib(layout.bytes_for(want_len, seqs)):.2f} GiB of KV cache and GDN state per GPU "
+                       f"but only {mem.gib(usable):.2f} GiB fit after {mem.gib(weights.total):.2f} GiB of weights.")
+        max_len = fit
+    else:
+        reasons.append(f"max_model_len={want_len}: {len_source} fits for {seqs} sequence(s) "
+                       f"({mem.gib(layout.bytes_for(want_len, seqs)):.2f} GiB of {mem.gib(usable):.2f} GiB usable KV per GPU).")
+
+    # Settle batched tokens (vLLM needs >= max_num_seqs x decode tokens) and recompute the budget exactly.
+    need_batched = seqs * (1 + num_spec)
+    if mnbt < need_batched:
+        if not mnbt_auto:
+            raise UsageError(f"TURINGBOX_MAX_NUM_BATCHED_TOKENS {mnbt} is below max_num_seqs x (1 + MTP) = {need_batched}.")
+        mnbt = mem.cdiv(need_batched, 256) * 256
+    if mnbt_auto and lowered_from:
+        reasons.append(f"max_num_batched_tokens={mnbt}: lowered from {lowered_from} so the prefill activation "
+                       "peak leaves room for the KV cache.")
+    elif mnbt_auto:
+        reasons.append(f"max_num_batched_tokens={mnbt}: the {rules.arch} prefill chunk"
+                       + (f", raised to hold one {layout.block_size}-token KV block" if mnbt > rules.default_max_num_batched_tokens else "")
+                       + ".")
+    kv_avail, act, cg, non_torch, sizes = kv_available(seqs, mnbt)
+    margin = max(mem.KV_SAFETY_MIN_MIB * mem.MIB, int(mem.KV_SAFETY_FRACTION * max(kv_avail, 0)))
+    memory = {
+        "gpu_total_gib": round(total_mib / 1024, 3),
+        "gpu_free_gib": round(free_mib / 1024, 3),
+        "gpu_memory_utilization": util,
+        "requested_gib": mem.gib(requested),
+        "outside_budget_gib": round(sum(outside.values()) / 1024, 3),
+        "outside_budget_mib": outside,
+        "weights_gib": mem.gib(weights.total),
+        "weights_breakdown_gib": {"layers": mem.gib(weights.layers), "embeddings": mem.gib(weights.embeddings),
+                                  "mtp": mem.gib(weights.mtp), "vision": mem.gib(weights.vision),
+                                  "other": mem.gib(weights.small)},
+        "activation_gib": mem.gib(act),
+        "non_torch_gib": mem.gib(non_torch),
+        "cudagraph_gib": mem.gib(cg),
+        "kv_cache_gib": mem.gib(kv_avail),
+        "kv_cache_bytes": int(kv_avail),
+        "kv_cache_tokens": layout.tokens_in(kv_avail, max_len),
+        "kv_safety_margin_gib": mem.gib(margin),
+        "kv_needed_gib": mem.gib(layout.bytes_for(max_len, seqs)),
+        "kv_bytes_per_token": round(layout.kv_bytes_per_token(), 1),
+        "gdn_state_per_seq_gib": mem.gib(layout.state_bytes_per_seq()),
+        "num_gpu_blocks": int(kv_avail // layout.pool_block_bytes),
+        "block_size": layout.block_size,
+        "page_size_bytes": layout.page_bytes,
+        "layers_per_pool_block": layout.group_size,
+        "kv_cache_groups": {"attention": layout.attention_groups, "gdn": layout.state_groups},
+        "max_concurrency_at_max_len": round(int(kv_avail // layout.pool_block_bytes) / layout.blocks_per_request(max_len), 2),
+    }
+    reasons.append(f"KV cache: {memory['kv_cache_gib']:.2f} GiB per GPU ({memory['kv_cache_tokens']} tokens, "
+                   f"block size {layout.block_size}) after {memory['weights_gib']:.2f} GiB of weights, "
+                   f"{memory['activation_gib']:.2f} GiB of activations and {memory['cudagraph_gib']:.2f} GiB of CUDA graphs; "
+                   f"the plan keeps a {memory['kv_safety_margin_gib']:.2f} GiB safety margin.")
+    return Sizing(gpu_memory_utilization=util, max_model_len=max_len, max_num_seqs=seqs,
+                  max_num_batched_tokens=mnbt, layout=layout, memory=memory, capture_sizes=sizes, reasons=reasons)
+
+
+# The multimodal profile run encodes a maximal dummy image batch through the vision tower.
+VISION_PROFILE_MIB = 1024
+
+
+# ---- the plan --------------------------------------------------------------------------------------
+
+@dataclass
+class Candidate:
+    kind: tuple
+    gpus: list[Gpu]       # the chosen tp GPUs, PCI order
+    group: list[Gpu]      # all GPUs of this kind
+    tp: int
+    tp_reason: str
+    num_spec: int
+    mtp_reason: str
+    rules: archmod.ArchRules
+    sizing: Sizing
+    why_not_all: str = ""     # why TP does not use every GPU of the group
+
+
+def _choose_gpus(group: list[Gpu], tp: int) -> list[Gpu]:
+    # Most free memory first (a desktop may use one card), then PCI order.
+    ranked = sorted(group, key=lambda g: (-g.memory_free_mib, pci_sort_key(g)))
+    return sorted(ranked[:tp], key=pci_sort_key)
+
+
+def _candidate(group: list[Gpu], model: ModelConfig, s: Mapping[str, Any], include_vision: bool) -> Candidate:
+    n = len(group)
+    kind_text = group[0].describe()
+    if s["tensor_parallel_size"] is not None:
+        tp = int(s["tensor_parallel_size"])
+        if tp > n:
+            raise UsageError(f"TURINGBOX_TP {tp} asks for more GPUs than the {n} identical {kind_text} visible.")
+        problem = tp_problem(model, tp)
+        if problem:
+            raise UsageError(f"TURINGBOX_TP {tp} cannot split the model: {problem}.")
+        tp_reason = f"TP={tp}: set by TURINGBOX_TP/--tensor-parallel-size."
+    else:
+        tps = legal_tps(model, n)
+        tp = tps[0]        # 1 is always legal for an unquantized model; quantized checks may refuse all
+        if tp_problem(model, tp):
+            raise PlanError(f"the model cannot run on {kind_text}: {tp_problem(model, tp)}.")
+        if tp == n:
+            tp_reason = (f"TP={tp}: {n} identical {kind_text} GPU{'s' if n > 1 else ''}; "
+                         f"{tp} splits {head_summary(model)} legally.")
+        else:
+            tp_reason = (f"TP={tp}: the largest count of the {n} identical {kind_text} GPUs that splits "
+                         f"{head_summary(model)} legally ({tp_problem(model, tp + 1) if tp + 1 <= n else ''}).")
+    chosen = _choose_gpus(group, tp)
+    num_spec, mtp_reason = archmod.mtp_depth(chosen[0], tp, model.has_mtp, s["mtp"])
+    quantized = model.quantization is not None and model.quantization.bits < 16
+    rules = archmod.rules_for(chosen[0], tp, num_spec, model.torch_dtype, quantized, s)
+    sizing = size_memory(chosen, model, tp, num_spec, rules, s, include_vision)
+    if tp == n:
+        why = ""
+    elif s["tensor_parallel_size"] is not None:
+        why = "TP was set by TURINGBOX_TP"
+    else:
+        why = f"TP={n} is illegal: {tp_problem(model, n)}"
+    return Candidate(kind=group[0].kind, gpus=chosen, group=group, tp=tp, tp_reason=tp_reason,
+                     num_spec=num_spec, mtp_reason=mtp_reason, rules=rules, sizing=sizing, why_not_all=why)
+
+
+def _excluded(all_gpus: Sequence[Gpu], chosen: Candidate, unsupported: dict[str, str],
+              failed: dict[tuple, str]) -> list[dict]:
+    out = []
+    for g in all_gpus:
+        if g in chosen.gpus:
+            continue
+        if g.uuid in unsupported:
+            reason = unsupported[g.uuid]
+        elif g.kind == chosen.kind:
+            reason = (f"TP={chosen.tp} uses {chosen.tp} of the {len(chosen.group)} identical GPUs "
+                      f"({chosen.why_not_all}); this one had less free memory or a later PCI slot")
+        else:
+            reason = (f"a different kind, {g.describe()}, than the chosen TP group of {chosen.gpus[0].describe()}: "
+                      "one TP group never mixes architectures or memory sizes")
+            if g.kind in failed:
+                reason += f" (on its own: {failed[g.kind]})"
+        out.append({"uuid": g.uuid, "index": g.index, "reason": reason})
+    return out
+
+
+def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Mapping[str, Any],
+              software: Mapping[str, str]) -> dict[str, Any]:
+    """The whole plan. Raises PlanError/UsageError (one sentence, exit 2) when no plan is possible."""
+    s = dict(DEFAULTS)
+    s.update({k: v for k, v in settings.items() if v is not None})
+    hidden: list[dict] = []
+    if isinstance(gpus, Inventory):
+        hidden = list(gpus.hidden)
+        gpus = list(gpus.gpus)
+    gpus = sorted(gpus, key=pci_sort_key)
+    if s["mtp"] is not None and not 0 <= int(s["mtp"]) <= archmod.MTP_MAX:
+        raise UsageError(f"TURINGBOX_MTP {s['mtp']} is invalid: must be between 0 and {archmod.MTP_MAX}.")
+    if not gpus:
+        raise PlanError("no GPU is visible" + (f" ({len(hidden)} hidden by NVIDIA_VISIBLE_DEVICES/CUDA_VISIBLE_DEVICES)"
+                                              if hidden else "") + "; turingbox needs at least one NVIDIA GPU.")
+    if not model.num_hidden_layers:
+        raise PlanError(f"{model.path} describes a model without layers.")
+
+    unsupported = {g.uuid: why for g in gpus if (why := archmod.check_supported(g))}
+    groups: dict[tuple, list[Gpu]] = {}
+    for g in gpus:
+        if g.uuid not in unsupported:
+            groups.setdefault(g.kind, []).append(g)
+    if not groups:
+        g = gpus[0]
+        raise PlanError(f"no usable GPU: {g.name} has {unsupported[g.uuid]}.")
+
+    include_vision = model.has_vision and not model.is_demo
+    candidates: list[Candidate] = []
+    failures: dict[tuple, BaseException] = {}
+    tp_override = s["tensor_parallel_size"]
+    for kind, group in groups.items():
+        if tp_override is not None and int(tp_override) > len(group) and len(groups) > 1:
+            failures[kind] = UsageError(f"only {len(group)} GPU(s) of this kind")
+            continue
+        try:
+            candidates.append(_candidate(group, model, s, include_vision))
+        except UsageError as exc:     # PlanError included
+            failures[kind] = exc
+    if not candidates:
+        # Report the failure of the biggest group (the one most likely meant).
+        biggest = max(groups, key=lambda k: (len(groups[k]), k[2]))
+        raise failures[biggest]
+    best = max(candidates, key=lambda c: (c.tp, c.sizing.memory["kv_cache_gib"], c.gpus[0].sm))
+    failed_text = {k: str(e).rstrip(".") for k, e in failures.items()}
+    excluded = hidden + _excluded(gpus, best, unsupported, failed_text)
+    return _assemble(best, model, s, software, excluded)
+
+
+def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: Mapping[str, str],
+              excluded: list[dict]) -> dict[str, Any]:
+    r, z = c.rules, c.sizing
+    gpu = c.gpus[0]
+    reasons = [c.tp_reason]
+    if excluded:
+        reasons.append(f"Left out {len(excluded)} GPU(s): " + "; ".join(
+            f"GPU {e['index']} ({e['uuid'][:12]}) {e['reason']}" for e in excluded) + ".")
+    reasons.append(c.mtp_reason)
+    reasons += r.reasons
+    quant = model.quantization.method if model.quantization and model.quantization.bits < 16 else None
+    if quant:
+        reasons.append(f"quantization={quant}: from the model's quantization_config "
+                       f"({model.quantization.bits}-bit, group {model.quantization.group_size}; "
+                       f"{', '.join(model.quantization.modules_to_not_convert) or 'nothing'} kept at 16 bits).")
+    prefix = bool(s["prefix_caching"])
+    if prefix and model.num_linear_attention_layers:
+        reasons.append("prefix caching on with --mamba-cache-mode align: GDN states are cached at block boundaries, "
+                       "the mode vLLM 0.21 requires with MTP.")
+    reasons += z.reasons
+    enforce_eager = bool(s["enforce_eager"])
+    capture = [] if enforce_eager else z.capture_sizes
+    if enforce_eager:
+        reasons.append("enforce_eager: set by TURINGBOX_ENFORCE_EAGER (no CUDA graphs; decode is several times slower).")
+    else:
+        mode = "FULL decode + PIECEWISE" if r.full_decode_graphs else "PIECEWISE only (FlashInfer decodes MTP without full graphs)"
+        reasons.append(f"CUDA graphs {mode} for {len(capture)} batch sizes up to {capture[-1] if capture else 0}.")
+    served = s["served_model_name"] or (model.path.rstrip("/").rsplit("/", 1)[-1])
+    plugin = {
+        "strict_warmup": bool(s["strict_warmup"]),
+        "require_plugin": bool(s["require_plugin"]),
+        "gdn": r.gdn_path,
+        "num_speculative_tokens": c.num_spec,
+        "max_num_seqs": z.max_num_seqs,
+        "cudagraph_capture_sizes": capture,
+        "benchmark_mode": bool(s["benchmark_mode"]),
+        "runtime_dir": str(s["runtime_dir"]),
+    }
+    args = ["serve", model.path,
+            "--served-model-name", served,
+            "--tensor-parallel-size", str(c.tp),
+            "--dtype", r.dtype,
+            "--max-model-len", str(z.max_model_len),
+            "--max-num-seqs", str(z.max_num_seqs),
+            "--max-num-batched-tokens", str(z.max_num_batched_tokens),
+            "--gpu-memory-utilization", f"{z.gpu_memory_utilization}",
+            "--kv-cache-dtype", r.kv_cache_dtype,
+            "--attention-backend", r.attention_backend]
+    if model.num_linear_attention_layers:
+        args += ["--gdn-prefill-backend", r.gdn_prefill_backend]
+    if prefix:
+        args += ["--enable-prefix-caching"]
+        if model.num_linear_attention_layers:
+            args += ["--mamba-cache-mode", "align"]
+    else:
+        args += ["--no-enable-prefix-caching"]
+    if r.disable_custom_all_reduce:
+        args += ["--disable-custom-all-reduce"]
+    if model.model_type.startswith("qwen3"):
+        args += ["--reasoning-parser", REASONING_PARSER, "--enable-auto-tool-choice", "--tool-call-parser", TOOL_PARSER]
+        reasons.append(f"parsers: reasoning {REASONING_PARSER} and tools {TOOL_PARSER} (Qwen3.5/3.6 emit "
+                       "<think> blocks and Qwen3-Coder style XML tool calls).")
+    if c.num_spec:
+        args += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": c.num_spec},
+                                                    separators=(",", ":"))]
+    if model.is_demo:
+        args += ["--load-format", "dummy"]
+        if model.has_vision:
+            args += ["--limit-mm-per-prompt", json.dumps({"image": 0, "video": 0}, separators=(",", ":"))]
+        reasons.append("demo model: --load-format dummy (random weights of the real architecture)"
+                       + (", text only (the vision tower is not built)." if model.has_vision else "."))
+    if enforce_eager:
+        args += ["--enforce-eager"]
+    elif capture:
+        args += ["--compilation-config", json.dumps({"cudagraph_capture_sizes": capture}, separators=(",", ":"))]
+    args += ["--worker-cls", WORKER_CLS,
+             "--additional-config", json.dumps({"turingbox": plugin}, separators=(",", ":"), sort_keys=True)]
+
+    plan: dict[str, Any] = {
+        "tensor_parallel_size": c.tp,
+        "num_speculative_tokens": c.num_spec,
+        "gpu_memory_utilization": z.gpu_memory_utilization,
+        "max_model_len": z.max_model_len,
+        "max_num_seqs": z.max_num_seqs,
+        "max_num_batched_tokens": z.max_num_batched_tokens,
+        "kv_cache_dtype": r.kv_cache_dtype,
+        "attention_backend": r.attention_backend,
+        "dtype": r.dtype,
+        "gdn_prefill_backend": r.gdn_prefill_backend,
+        "gdn_path": r.gdn_path,
+        "quantization": quant,
+        "cudagraph_capture_sizes": capture,
+        "enforce_eager": enforce_eager,
+        "prefix_caching": prefix,
+        "disable_custom_all_reduce": r.disable_custom_all_reduce,
+        "compute_capability": gpu.compute_capability,
+        "gpu_name": gpu.name,
+        "gpus": [g.uuid for g in c.gpus],
+        "gpu_indices": [g.index for g in c.gpus],
+        "excluded_gpus": excluded,
+        "model": model.path,
+        "served_model_name": served,
+        "demo": model.is_demo,
+        "memory": z.memory,
+        "plugin": plugin,
+        "env": {
+            "CUDA_VISIBLE_DEVICES": cuda_visible_devices(c.gpus),
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            # Must be set before FLA is imported to reuse autotune results (DESIGN: 93 s per start otherwise).
+            "TRITON_CACHE_AUTOTUNING": "1",
+            "TURINGBOX_RUNTIME_DIR": str(s["runtime_dir"]),
+            "VLLM_PLUGINS": None,           # None = remove from the environment (all plugins load)
+        },
+        "vllm_args": args,
+        "reasons": reasons,
+    }
+    inputs = fingerprint_inputs(plan, gpu.name, gpu.compute_capability, software, model.config_hash)
+    plan["cache_inputs"] = inputs
+    plan["cache_key"] = cache_key(inputs)
+    return plan

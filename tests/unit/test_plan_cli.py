@@ -1,0 +1,118 @@
+"""`turingbox plan` end to end, in a subprocess: JSON, the table, and bad input (exit 2, one line)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from test_planner import fixture, uuids, write_model
+
+
+def run_plan(*argv, env=None, timeout=120):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TURINGBOX_")
+                and k not in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "turingbox", "plan", *argv], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def awq_dir(tmp_path_factory):
+    return write_model(tmp_path_factory.mktemp("m"), "qwen3.6-27b-awq", awq=True)
+
+
+def test_plan_json_seed_machine(awq_dir):
+    r = run_plan("--gpus-json", fixture("4x2080ti-22g"), "--model", awq_dir, "--max-model-len", "262144", "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["tensor_parallel_size"] == 4 and plan["num_speculative_tokens"] == 4
+    assert plan["model"] == os.path.abspath(awq_dir) and plan["quantization"] == "awq"
+    assert plan["gpus"] == uuids("4x2080ti-22g")
+    assert plan["cache_key"] and plan["cache_inputs"]["software"]["vllm"]
+    assert set(plan["env"]) >= {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TRITON_CACHE_AUTOTUNING"}
+
+
+def test_env_overrides_and_visibility_reach_the_plan(awq_dir):
+    r = run_plan("--gpus-json", fixture("4x2080ti-22g"), "--model", awq_dir, "--json",
+                 env={"TURINGBOX_MTP": "2", "CUDA_VISIBLE_DEVICES": "1,2"})
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["num_speculative_tokens"] == 2 and plan["tensor_parallel_size"] == 2
+    assert plan["env"]["CUDA_VISIBLE_DEVICES"] == "1,2"
+
+
+def test_plan_table_lists_reasons_and_argv(awq_dir):
+    r = run_plan("--gpus-json", fixture("3x2080ti-22g"), "--model", awq_dir)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^\s+tensor_parallel_size\s+2$", r.stdout, re.MULTILINE)
+    assert "reasons:" in r.stdout and "excluded GPUs:" in r.stdout and "vllm serve " in r.stdout
+    assert "3 does not divide the 4 KV heads" in r.stdout
+
+
+def _bad(r, *words):
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_missing_model_dir(tmp_path):
+    _bad(run_plan("--gpus-json", fixture("4x2080ti-22g"), "--model", str(tmp_path / "nope"), "--json"),
+         "does not exist")
+
+
+def test_corrupt_config_json(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": [')
+    _bad(run_plan("--gpus-json", fixture("4x2080ti-22g"), "--model", str(tmp_path), "--json"), "not valid JSON")
+
+
+def test_config_without_heads(tmp_path):
+    (tmp_path / "config.json").write_text('{"hidden_size": 64}')
+    _bad(run_plan("--gpus-json", fixture("4x2080ti-22g"), "--model", str(tmp_path)), "num_attention_heads")
+
+
+@pytest.mark.parametrize("env,words", [
+    ({"TURINGBOX_MTP": "lots"}, ["TURINGBOX_MTP"]),
+    ({"TURINGBOX_TP": "3"}, ["TURINGBOX_TP 3", "KV heads"]),
+    ({"TURINGBOX_GPU_MEMORY_UTILIZATION": "2"}, ["TURINGBOX_GPU_MEMORY_UTILIZATION"]),
+    ({"TURINGBOX_DTYPE": "bfloat16"}, ["bfloat16", "sm_75"]),
+    ({"CUDA_VISIBLE_DEVICES": "7"}, ["CUDA_VISIBLE_DEVICES", "GPU 7"]),
+])
+def test_bad_env(awq_dir, env, words):
+    _bad(run_plan("--gpus-json", fixture("4x2080ti-22g"), "--model", awq_dir, "--json", env=env), *words)
+
+
+def test_model_does_not_fit(awq_dir):
+    _bad(run_plan("--gpus-json", fixture("1x2080ti-11g"), "--model", awq_dir), "does not fit", "GiB")
+
+
+def test_bad_gpus_json(tmp_path, awq_dir):
+    f = tmp_path / "gpus.json"
+    f.write_text("[{]")
+    _bad(run_plan("--gpus-json", str(f), "--model", awq_dir), "--gpus-json", "not valid JSON")
+
+
+def test_no_gpu(awq_dir):
+    _bad(run_plan("--gpus-json", fixture("empty"), "--model", awq_dir), "no GPU")
+
+
+def test_demo_model_when_no_model_is_configured(tmp_path_factory):
+    models_dir = tmp_path_factory.mktemp("models")
+    r = run_plan("--gpus-json", fixture("1xh200"), "--json", env={"TURINGBOX_MODELS_DIR": str(models_dir)})
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["demo"] and plan["quantization"] is None and plan["dtype"] == "bfloat16"
+    assert os.path.isfile(os.path.join(plan["model"], "config.json"))
+    assert plan["model"].startswith(str(models_dir))
+    assert "--load-format" in plan["vllm_args"] and plan["reasons"][0].startswith("model: the built-in demo")
+    # On Turing the seed's AWQ demo is chosen (it fits 4 cards with far more KV cache than bf16).
+    r = run_plan("--gpus-json", fixture("4x2080ti-22g"), "--json", env={"TURINGBOX_MODELS_DIR": str(models_dir)})
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["demo"] and plan["quantization"] == "awq" and plan["model"].endswith("-awq")

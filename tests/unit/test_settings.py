@@ -1,0 +1,78 @@
+"""Plan settings: declared once (flag + TURINGBOX_* variable), validated, flag beats env beats default."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from turingbox import settings as S
+from turingbox.errors import UsageError
+from turingbox.plan.command import PLAN_SETTINGS
+
+
+def parse(argv, env=None):
+    parser = argparse.ArgumentParser()
+    S.add_arguments(parser, PLAN_SETTINGS)
+    return S.resolve(PLAN_SETTINGS, parser.parse_args(argv), env or {})
+
+
+def test_every_plan_setting_is_declared_with_flag_and_env():
+    for name in PLAN_SETTINGS:
+        s = S.REGISTRY[name]
+        assert s.flag_name.startswith("--") and s.env_name.startswith("TURINGBOX_") and s.help
+
+
+def test_defaults_mean_automatic():
+    v = parse([])
+    for name in ("tensor_parallel_size", "mtp", "max_model_len", "max_num_seqs", "gpu_memory_utilization",
+                 "kv_cache_dtype", "attention_backend", "dtype", "model", "gpus_json"):
+        assert v[name] is None, name
+    assert v["prefix_caching"] is True and v["enforce_eager"] is False and v["min_model_len"] == 4096
+
+
+@pytest.mark.parametrize("env,name,expected", [
+    ({"TURINGBOX_TP": "4"}, "tensor_parallel_size", 4),
+    ({"TURINGBOX_MTP": "0"}, "mtp", 0),
+    ({"TURINGBOX_MTP": "8"}, "mtp", 8),
+    ({"TURINGBOX_MAX_MODEL_LEN": "256k"}, "max_model_len", 262144),
+    ({"TURINGBOX_MAX_MODEL_LEN": "32768"}, "max_model_len", 32768),
+    ({"TURINGBOX_ATTENTION_BACKEND": "flashinfer"}, "attention_backend", "FLASHINFER"),
+    ({"TURINGBOX_DTYPE": "auto"}, "dtype", None),
+    ({"TURINGBOX_DTYPE": "float16"}, "dtype", "half"),
+    ({"TURINGBOX_KV_CACHE_DTYPE": "fp8_e5m2"}, "kv_cache_dtype", "fp8_e5m2"),
+    ({"TURINGBOX_PREFIX_CACHING": "off"}, "prefix_caching", False),
+    ({"TURINGBOX_GPU_MEMORY_UTILIZATION": "0.85"}, "gpu_memory_utilization", 0.85),
+    ({"TURINGBOX_GDN": "vllm"}, "gdn", "vllm"),
+])
+def test_env_values(env, name, expected):
+    assert parse([], env)[name] == expected
+
+
+@pytest.mark.parametrize("env,words", [
+    ({"TURINGBOX_MTP": "9"}, ["TURINGBOX_MTP", "'9'", "between 0 and 8"]),
+    ({"TURINGBOX_MTP": "-1"}, ["TURINGBOX_MTP"]),
+    ({"TURINGBOX_MTP": "three"}, ["TURINGBOX_MTP", "whole number"]),
+    ({"TURINGBOX_TP": "0"}, ["TURINGBOX_TP"]),
+    ({"TURINGBOX_MAX_MODEL_LEN": "lots"}, ["TURINGBOX_MAX_MODEL_LEN"]),
+    ({"TURINGBOX_GPU_MEMORY_UTILIZATION": "1.5"}, ["TURINGBOX_GPU_MEMORY_UTILIZATION", "between 0 and 1"]),
+    ({"TURINGBOX_ATTENTION_BACKEND": "xformers"}, ["TURINGBOX_ATTENTION_BACKEND", "flashinfer"]),
+    ({"TURINGBOX_KV_CACHE_DTYPE": "int4"}, ["TURINGBOX_KV_CACHE_DTYPE"]),
+    ({"TURINGBOX_ENFORCE_EAGER": "maybe"}, ["TURINGBOX_ENFORCE_EAGER"]),
+])
+def test_bad_env_values_name_the_setting(env, words):
+    with pytest.raises(UsageError) as info:
+        parse([], env)
+    text = str(info.value)
+    assert "\n" not in text
+    for w in words:
+        assert w in text
+
+
+def test_flag_beats_env():
+    v = parse(["--mtp", "2", "--tensor-parallel-size", "2"], {"TURINGBOX_MTP": "4", "TURINGBOX_TP": "4"})
+    assert (v["mtp"], v["tensor_parallel_size"]) == (2, 2)
+
+
+def test_bad_flag_names_the_flag():
+    with pytest.raises(UsageError, match="--max-num-seqs"):
+        parse(["--max-num-seqs", "0"])
