@@ -23,6 +23,7 @@ DEFAULT_MIN_MODEL_LEN = 4096
 CONTEXT_ROUNDING = 256          # a shrunk max_model_len is rounded down to this
 REASONING_PARSER = "qwen3"
 TOOL_PARSER = "qwen3_coder"     # Qwen3.5/3.6 emit Qwen3-Coder style XML tool calls
+DEMO_TOOL_PARSER = "hermes"     # the demo model's ChatML template writes <tool_call>{json}</tool_call>
 
 # Settings the planner reads (names in turingbox.settings); None means "decide automatically".
 DEFAULTS: dict[str, Any] = {
@@ -436,9 +437,9 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
         "num_speculative_tokens": c.num_spec,
         "max_num_seqs": z.max_num_seqs,
         "cudagraph_capture_sizes": capture,
-        "benchmark_mode": bool(s["benchmark_mode"]),
-        "runtime_dir": str(s["runtime_dir"]),
     }
+    # runtime_dir and benchmark_mode travel as environment variables, not here: vLLM hashes
+    # additional_config into its compile-cache key, so anything volatile here would split the cache.
     args = ["serve", model.path,
             "--served-model-name", served,
             "--tensor-parallel-size", str(c.tp),
@@ -460,9 +461,12 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
     if r.disable_custom_all_reduce:
         args += ["--disable-custom-all-reduce"]
     if model.model_type.startswith("qwen3"):
-        args += ["--reasoning-parser", REASONING_PARSER, "--enable-auto-tool-choice", "--tool-call-parser", TOOL_PARSER]
-        reasons.append(f"parsers: reasoning {REASONING_PARSER} and tools {TOOL_PARSER} (Qwen3.5/3.6 emit "
-                       "<think> blocks and Qwen3-Coder style XML tool calls).")
+        # The demo's own chat template writes JSON tool calls (hermes); real Qwen3.5/3.6 checkpoints
+        # ship a template with Qwen3-Coder style XML calls.
+        tool_parser = DEMO_TOOL_PARSER if model.is_demo else TOOL_PARSER
+        args += ["--reasoning-parser", REASONING_PARSER, "--enable-auto-tool-choice", "--tool-call-parser", tool_parser]
+        reasons.append(f"parsers: reasoning {REASONING_PARSER} and tools {tool_parser} (<think> blocks and "
+                       + ("the demo template's JSON tool calls)." if model.is_demo else "Qwen3-Coder style XML tool calls)."))
     if c.num_spec:
         args += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": c.num_spec},
                                                     separators=(",", ":"))]
@@ -512,6 +516,7 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
             # Must be set before FLA is imported to reuse autotune results (DESIGN: 93 s per start otherwise).
             "TRITON_CACHE_AUTOTUNING": "1",
             "TURINGBOX_RUNTIME_DIR": str(s["runtime_dir"]),
+            "TURINGBOX_BENCHMARK_MODE": "1" if s["benchmark_mode"] else "0",
             "VLLM_PLUGINS": None,           # None = remove from the environment (all plugins load)
         },
         "vllm_args": args,
