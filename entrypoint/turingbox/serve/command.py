@@ -1,0 +1,68 @@
+"""`turingbox serve [plan flags] [serve flags] [-- vllm args]`: the container's main job."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from turingbox import settings
+from turingbox.errors import UsageError
+from turingbox.serve.options import SERVE_SETTINGS, ServeOptions
+
+log = logging.getLogger("turingbox.serve")
+
+
+def _plan_settings() -> tuple[str, ...]:
+    try:
+        from turingbox.plan.command import PLAN_SETTINGS
+    except ImportError:        # the planner is not installed: serve can still run a --plan-file
+        return ()
+    return tuple(PLAN_SETTINGS)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "serve", help="plan, start vLLM and serve it through the sidecar (the container's main job)",
+        description="Plan for this machine's GPUs, prepare the compile caches, start vLLM on a loopback "
+                    "port and serve it through the sidecar on the public port. Arguments after -- go to "
+                    "vLLM last and win over the plan.")
+    plan_names = _plan_settings()
+    settings.add_arguments(parser, plan_names)
+    settings.add_arguments(parser, [n for n in SERVE_SETTINGS if n not in plan_names])
+    parser.set_defaults(func=run, _plan_settings=plan_names)
+
+
+def load_plan_file(path: str) -> dict:
+    try:
+        with open(path) as f:
+            plan = json.load(f)
+    except OSError as exc:
+        raise UsageError(f"--plan-file {path!r} cannot be read ({exc.strerror or exc}).") from None
+    except ValueError as exc:
+        raise UsageError(f"--plan-file {path!r} is not valid JSON ({exc}).") from None
+    if not isinstance(plan, dict) or not isinstance(plan.get("vllm_args"), list) \
+            or not all(isinstance(a, str) for a in plan["vllm_args"]):
+        raise UsageError(f"--plan-file {path!r} is not a turingbox plan (it needs a 'vllm_args' list of strings).")
+    return plan
+
+
+def run(args: argparse.Namespace) -> int:
+    from turingbox.serve.controller import serve
+
+    options = ServeOptions.from_settings(settings.resolve(SERVE_SETTINGS, args))
+    plan_names = getattr(args, "_plan_settings", ())
+    if options.plan_file:
+        plan = load_plan_file(options.plan_file)
+
+        def plan_fn() -> dict:
+            return plan
+    else:
+        if not plan_names:
+            raise UsageError("The planner (turingbox.plan) is not installed: give --plan-file / TURINGBOX_PLAN_FILE.")
+        # Bad values end serve now (exit 2, one sentence) instead of leaving a sidecar that is never ready.
+        settings.resolve(plan_names, args)
+
+        def plan_fn() -> dict:
+            from turingbox.plan.command import plan_from_args
+            return plan_from_args(args)
+    return serve(options, plan_fn, list(getattr(args, "vllm_passthrough", []) or []))

@@ -1,0 +1,593 @@
+"""`turingbox serve`: plan -> caches -> vLLM -> wait -> warmup -> worker check -> ready, then drain.
+
+The sidecar binds the public port first, so liveness answers from the first second and
+readiness tells the stage. Everything slow or blocking (planning, cache preparation, active
+warmup) runs in daemon threads so the event loop keeps answering probes, and a SIGTERM can end
+serve at any stage without waiting for them.
+
+Signals are handled like uvicorn's capture_signals, but with the drain in between: the first
+SIGTERM/SIGINT turns readiness to 503 and refuses new /v1 requests, lets in-flight requests
+finish up to drain_grace_seconds, then stops vLLM's process group (SIGTERM, grace, SIGKILL) and
+exits 0. A second signal kills the group and exits at once with 128 + the signal number.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+import os
+import re
+import shlex
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable
+
+import httpx
+import uvicorn
+
+from turingbox.errors import PlanError, UsageError
+from turingbox.serve import stages
+from turingbox.serve.metrics import ServeMetrics, gpu_uuids_of
+from turingbox.serve.options import ServeOptions
+from turingbox.serve.sidecar import ServeState, Sidecar
+from turingbox.serve.supervisor import Supervisor, describe_exit
+
+log = logging.getLogger("turingbox.serve")
+
+EXIT_UPSTREAM_FAILED = 1        # vLLM died, or startup after launching it failed
+VLLM_MODULE = ("-m", "vllm.entrypoints.cli.main")
+# vLLM flags whose value is a secret (masked in logs and in /turingbox/plan).
+SECRET_FLAGS = ("--api-key", "--hf-token", "--ssl-keyfile-password")
+_SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL|_KEY$", re.I)
+MASK = "***"
+
+
+# ---- pure helpers ----------------------------------------------------------------------------
+
+def vllm_argv(plan: dict, upstream_port: int, passthrough: list[str], vllm_command: str | None,
+              python: str = sys.executable) -> list[str]:
+    """The full command line for vLLM: program, the plan's args, loopback host/port, then `--` args."""
+    program = shlex.split(vllm_command) if vllm_command else [python, *VLLM_MODULE]
+    return [*program, *plan["vllm_args"], "--host", "127.0.0.1", "--port", str(upstream_port), *passthrough]
+
+
+def check_passthrough(passthrough: list[str]) -> None:
+    for arg in passthrough:
+        flag = arg.split("=", 1)[0]
+        if flag in ("--host", "--port", "--uds"):
+            raise UsageError(f"{flag} after -- would move vLLM away from the sidecar: use --host/--port for the "
+                             "public address and --upstream-port for vLLM's loopback port.")
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The last value given to flag (`--flag v` or `--flag=v`) in argv, or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def mask_argv(argv: list[str]) -> list[str]:
+    out, hide_next = [], False
+    for arg in argv:
+        if hide_next:
+            out.append(MASK)
+            hide_next = False
+        elif arg in SECRET_FLAGS:
+            out.append(arg)
+            hide_next = True
+        elif arg.split("=", 1)[0] in SECRET_FLAGS:
+            out.append(arg.split("=", 1)[0] + "=" + MASK)
+        else:
+            out.append(arg)
+    return out
+
+
+def public_plan(plan: dict, secrets: list[str]) -> dict:
+    """The plan with secret env values, secret flag values and any known secret string masked."""
+    p = copy.deepcopy(plan)
+    if isinstance(p.get("vllm_args"), list):
+        p["vllm_args"] = mask_argv([str(a) for a in p["vllm_args"]])
+    if isinstance(p.get("env"), dict):
+        p["env"] = {k: (MASK if _SECRET_ENV.search(k) and v else v) for k, v in p["env"].items()}
+    text = json.dumps(p)
+    for s in secrets:
+        if s:
+            text = text.replace(json.dumps(s)[1:-1], MASK)
+    return json.loads(text)
+
+
+def make_redactor(secrets: list[str]) -> Callable[[str], str]:
+    secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+
+    def redact(text: str) -> str:
+        for s in secrets:
+            text = text.replace(s, MASK)
+        return text
+    return redact
+
+
+def worker_check(workers: list[dict], tensor_parallel_size: int, require_plugin: bool) -> str | None:
+    """None when the workers are fit to serve; otherwise one sentence saying what is wrong."""
+    by_rank = {}
+    for w in workers:
+        try:
+            by_rank[int(w.get("rank"))] = w
+        except (TypeError, ValueError):
+            continue
+    missing = [r for r in range(tensor_parallel_size) if r not in by_rank]
+    failed = [(r, (by_rank[r].get("warmup") or {})) for r in sorted(by_rank)
+              if not (by_rank[r].get("warmup") or {}).get("ok")]
+    if not require_plugin:
+        return None
+    if missing:
+        ranks = ", ".join(map(str, missing))
+        return (f"The turingbox plugin did not report from rank(s) {ranks} of {tensor_parallel_size} while "
+                "require_plugin is on: is turingbox-plugin installed where vLLM runs and VLLM_PLUGINS not empty?")
+    if failed:
+        rank, warm = failed[0]
+        why = warm.get("error") or "no error given"
+        return f"The plugin's strict warmup failed on rank {rank} ({why}) while require_plugin is on."
+    return None
+
+
+def cache_is_warm(status: Any) -> bool:
+    """Whether the cache status says the compile caches were found (picks the startup estimate)."""
+    if not isinstance(status, dict):
+        return False
+    if isinstance(status.get("result"), str):       # turingbox_warmup.cache: "hit" / "miss" / ...
+        return status["result"] == "hit"
+    text = json.dumps(status)
+    return '"hit"' in text and '"miss"' not in text
+
+
+def free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bind_public(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"The sidecar cannot listen on {host}:{port} ({exc.strerror or exc}): "
+                         "choose another --port / TURINGBOX_PORT.") from None
+    sock.setblocking(False)
+    return sock
+
+
+def read_workers(runtime_dir: str) -> list[dict]:
+    try:
+        from turingbox_plugin.status import read_worker_status
+    except ImportError:
+        read_worker_status = _read_worker_files
+    return read_worker_status(runtime_dir)
+
+
+def _read_worker_files(runtime_dir: str) -> list[dict]:
+    """Stand-in while turingbox_plugin.status is missing: the same files, read plainly."""
+    out = []
+    try:
+        names = sorted(n for n in os.listdir(runtime_dir) if n.startswith("worker-") and n.endswith(".json"))
+    except OSError:
+        return out
+    for name in names:
+        try:
+            with open(os.path.join(runtime_dir, name)) as f:
+                out.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _in_daemon_thread(fn: Callable, *args: Any) -> asyncio.Future:
+    """Run a blocking call in a daemon thread (exit never waits for it, unlike to_thread)."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def deliver(result: Any, error: BaseException | None) -> None:
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as exc:        # handed to the awaiting coroutine
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):    # the loop may be gone at exit
+            loop.call_soon_threadsafe(deliver, result, error)
+
+    threading.Thread(target=run, daemon=True, name=getattr(fn, "__name__", "serve-step")).start()
+    return fut
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: the controller owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+class StartupFailed(Exception):
+    """Startup after vLLM was launched went wrong; the message is one sentence."""
+
+
+# ---- the controller ----------------------------------------------------------------------------
+
+class Controller:
+    def __init__(self, options: ServeOptions, plan_fn: Callable[[], dict], passthrough: list[str]) -> None:
+        self.options = options
+        self.plan_fn = plan_fn
+        self.passthrough = passthrough
+        self.upstream_key = flag_value(passthrough, "--api-key")
+        self.secrets = [s for s in (options.api_key, self.upstream_key) if s]
+        self.redact = make_redactor(self.secrets)
+        self.tracker = stages.StartupTracker(on_change=self._stage_changed)
+        self.state = ServeState(tracker=self.tracker, options=options, upstream_api_key=self.upstream_key)
+        self.runtime_dir: str | None = None
+        self.raw_plan: dict | None = None
+        self.metrics = ServeMetrics(self.tracker, worker_status=self._worker_status,
+                                    gpu_uuids=lambda: gpu_uuids_of(self.raw_plan))
+        self.sidecar = Sidecar(self.state, self.metrics)
+        self.supervisor = Supervisor(on_line=self.tracker.observe_log_line, redact=self.redact)
+        self.cache_session: Any = None
+        self.stop_requested = asyncio.Event()
+        self.upstream_died = asyncio.Event()
+        self.fatal: tuple[int, str] | None = None
+        self.fatal_event = asyncio.Event()
+        self.signals: list[int] = []
+        self.server: _Server | None = None
+
+    # -- signals
+
+    def on_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+        name = signal.Signals(sig).name
+        if len(self.signals) == 1:
+            log.info("%s received: draining (readiness 503, no new requests, up to %.0f s for in-flight ones)",
+                     name, self.options.drain_grace_seconds)
+            self.state.draining = True
+            if self.tracker.stage != stages.FAILED:
+                self.tracker.advance(stages.DRAINING)
+            self.stop_requested.set()
+            return
+        log.warning("second signal (%s): stopping vLLM with SIGKILL and exiting now", name)
+        self.supervisor.kill_now()
+        logging.shutdown()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(128 + sig)
+
+    def _stage_changed(self, old: str, new: str) -> None:
+        if new in stages.ORDER:
+            log.info("stage: %s -> %s (%.1f s since start)", old, new, self.tracker.elapsed())
+
+    def _worker_status(self) -> list[dict]:
+        return read_workers(self.runtime_dir) if self.runtime_dir else []
+
+    # -- main
+
+    async def run(self, sock: socket.socket) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.on_signal, sig)
+        config = uvicorn.Config(self.sidecar.app, lifespan="off", log_config=None, log_level="warning",
+                                access_log=False, timeout_keep_alive=5, timeout_graceful_shutdown=3,
+                                server_header=False)
+        self.server = _Server(config)
+        server_task = asyncio.create_task(self.server.serve(sockets=[sock]), name="sidecar")
+        host, port = sock.getsockname()[:2]
+        log.info("sidecar listening on %s:%d (health, metrics, /v1 proxy)", host, port)
+        startup = asyncio.create_task(self._startup(), name="startup")
+        waits = {asyncio.create_task(e.wait()) for e in (self.stop_requested, self.upstream_died, self.fatal_event)}
+        waits.add(server_task)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            if w is not server_task:
+                w.cancel()
+        try:
+            if server_task.done():
+                server_task.result()
+                code = 1      # the sidecar itself stopped: nothing to serve with
+                log.error("the sidecar's HTTP server stopped unexpectedly")
+                await self._cancel(startup)
+                await self.supervisor.stop(self.options.vllm_stop_grace_seconds)
+            elif self.stop_requested.is_set():
+                code = await self._drain(startup)
+            elif self.upstream_died.is_set():
+                code = await self._after_upstream_death(startup)
+            else:
+                code, _ = self.fatal or (EXIT_UPSTREAM_FAILED, "")
+                await self._cancel(startup)
+                await self.supervisor.stop(self.options.vllm_stop_grace_seconds)
+        finally:
+            self._finish_cache(False)
+            self.server.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server_task, timeout=10)
+            await self.sidecar.client.aclose()
+        return code
+
+    async def _cancel(self, task: asyncio.Task) -> None:
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def _drain(self, startup: asyncio.Task) -> int:
+        await self._cancel(startup)
+        if self.state.in_flight:
+            log.info("waiting for %d in-flight request(s)", self.state.in_flight)
+            idle = asyncio.create_task(self.state.idle.wait())
+            died = asyncio.create_task(self.upstream_died.wait())
+            done, _ = await asyncio.wait({idle, died}, timeout=self.options.drain_grace_seconds,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            idle.cancel()
+            died.cancel()
+            if self.state.in_flight:
+                log.warning("drain grace of %.0f s is over with %d request(s) still running: they will be cut",
+                            self.options.drain_grace_seconds, self.state.in_flight)
+        if self.supervisor.proc is not None:
+            code = await self.supervisor.stop(self.options.vllm_stop_grace_seconds)
+            log.info("vLLM stopped (%s)", describe_exit(code))
+        if self.upstream_died.is_set():
+            return EXIT_UPSTREAM_FAILED
+        log.info("drained: exiting")
+        return 0
+
+    async def _after_upstream_death(self, startup: asyncio.Task) -> int:
+        await self._cancel(startup)
+        lines = list(self.supervisor.last)
+        print(f"turingbox: {self.state.upstream_dead} Its last {len(lines)} log lines:", file=sys.stderr)
+        for line in lines:
+            print(f"  | {line}", file=sys.stderr)
+        sys.stderr.flush()
+        # Let open streams send their error event, and probes see liveness 503, before exiting.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.state.idle.wait(), timeout=5.0)
+        await asyncio.sleep(self.options.exit_linger_seconds)
+        self.supervisor.signal_group(signal.SIGKILL)      # leftovers (engine core, workers)
+        return EXIT_UPSTREAM_FAILED
+
+    # -- startup stages
+
+    async def _startup(self) -> None:
+        try:
+            await self._startup_steps()
+        except asyncio.CancelledError:
+            raise
+        except StartupFailed as exc:
+            self._fail_fatal(EXIT_UPSTREAM_FAILED, str(exc))
+        except UsageError as exc:
+            self._fail_fatal(exc.exit_code, str(exc))
+        except Exception as exc:          # a bug: say so in one line, keep the traceback in the log
+            log.exception("startup failed")
+            self._fail_fatal(EXIT_UPSTREAM_FAILED, f"Startup failed unexpectedly: {type(exc).__name__}: {exc}.")
+
+    def _fail_fatal(self, code: int, sentence: str) -> None:
+        self.tracker.fail(sentence)
+        print(f"turingbox: {sentence}", file=sys.stderr, flush=True)
+        self.fatal = (code, sentence)
+        self.fatal_event.set()
+
+    async def _startup_steps(self) -> None:
+        opts = self.options
+        # 1. plan. An impossible plan (no GPU, does not fit) keeps the sidecar up and not ready.
+        try:
+            plan = await _in_daemon_thread(self.plan_fn)
+        except PlanError as exc:
+            self.tracker.fail(str(exc))
+            log.error("cannot plan: %s (the sidecar stays up, not ready; SIGTERM ends it)", exc)
+            return
+        except UsageError:
+            raise
+        except Exception as exc:
+            log.exception("planning failed")
+            self.tracker.fail(f"Planning failed: {type(exc).__name__}: {exc}.")
+            return
+        self.raw_plan = plan
+        self.state.plan = public_plan(plan, self.secrets)
+        log.info("plan %s", json.dumps(self.state.plan, sort_keys=True, separators=(",", ":")))
+        for reason in plan.get("reasons", []):
+            log.info("plan reason: %s", reason)
+        self.tracker.advance(stages.STARTING)
+
+        # 2. caches
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in (plan.get("env") or {}).items() if v is not None})
+        for k, v in (plan.get("env") or {}).items():
+            if v is None:               # the plan asks for a variable to be unset (e.g. VLLM_PLUGINS)
+                env.pop(k, None)
+        env.update(await self._prepare_cache(plan))
+
+        # 3. vLLM
+        self.runtime_dir = (plan.get("plugin") or {}).get("runtime_dir") or env.get("TURINGBOX_RUNTIME_DIR") \
+            or tempfile.mkdtemp(prefix="turingbox-runtime-")
+        os.makedirs(self.runtime_dir, exist_ok=True)
+        env["TURINGBOX_RUNTIME_DIR"] = self.runtime_dir
+        for name in os.listdir(self.runtime_dir):     # stale status from an earlier run must not pass the check
+            if name.startswith("worker-") and name.endswith(".json"):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.runtime_dir, name))
+        port = opts.upstream_port or free_loopback_port()
+        argv = vllm_argv(plan, port, self.passthrough, opts.vllm_command)
+        log.info("starting vLLM: %s", shlex.join(mask_argv(argv)))
+        await self.supervisor.start(argv, env)
+        asyncio.create_task(self._watch_upstream(), name="vllm-watch")
+        base = f"http://127.0.0.1:{port}"
+
+        # 4. wait until vLLM answers /health and /v1/models
+        await self._wait_for_upstream(base)
+        self.tracker.advance(stages.WARMING)
+
+        # 5. active warmup with real requests, 6. the workers' plugin status
+        model = plan.get("served_model_name") or plan.get("model")
+        if opts.active_warmup:
+            await self._active_warmup(base, model)
+        self._check_workers(plan)
+
+        self.state.upstream_url = base
+        self.state.startup_ok = True
+        self.tracker.advance(stages.READY)
+        self._finish_cache(True)
+        log.info("ready after %.1f s (stages: %s)", self.tracker.ready_after_s,
+                 ", ".join(f"{k} {v:.1f} s" for k, v in self.tracker.durations.items()))
+        await self._probe_upstream(base)
+
+    async def _prepare_cache(self, plan: dict) -> dict[str, str]:
+        try:
+            from turingbox_warmup.cache import prepare_cache
+        except ImportError as exc:
+            log.warning("compile caches not prepared: turingbox_warmup.cache is not available (%s)", exc)
+            return {}
+        try:
+            self.cache_session = await _in_daemon_thread(prepare_cache, plan, None)
+        except Exception as exc:         # read-only or full volume: serve cold rather than not at all
+            log.warning("compile caches unavailable, starting cold: %s", exc)
+            return {}
+        status = getattr(self.cache_session, "status", {}) or {}
+        log.info("cache %s", json.dumps(status, sort_keys=True, default=str))
+        self.tracker.profile = "warm" if cache_is_warm(status) else "cold"
+        return {k: str(v) for k, v in (getattr(self.cache_session, "env", {}) or {}).items()}
+
+    def _finish_cache(self, ok: bool) -> None:
+        session, self.cache_session = self.cache_session, None
+        if session is not None:
+            try:
+                session.finish(ok)
+            except Exception as exc:
+                log.warning("could not finish the cache entry: %s", exc)
+
+    async def _watch_upstream(self) -> None:
+        code = await self.supervisor.wait()
+        if self.supervisor.stopping:
+            return
+        stage = self.tracker.stage
+        sentence = f"vLLM exited unexpectedly with {describe_exit(code)} during stage {stage}."
+        log.error("%s", sentence)
+        self.state.mark_upstream_dead(sentence)
+        self.tracker.fail(sentence)
+        self._finish_cache(False)
+        self.upstream_died.set()
+
+    async def _wait_for_upstream(self, base: str) -> None:
+        deadline = time.monotonic() + self.options.startup_timeout_seconds
+        headers = {"Authorization": f"Bearer {self.upstream_key}"} if self.upstream_key else {}
+        async with httpx.AsyncClient(timeout=httpx.Timeout(2.0), trust_env=False) as client:
+            while True:
+                if time.monotonic() > deadline:
+                    raise StartupFailed(
+                        f"vLLM did not answer within startup_timeout_seconds={self.options.startup_timeout_seconds:.0f} "
+                        f"(last stage: {self.tracker.stage}).")
+                try:
+                    # vLLM binds its port before the engine is up; /health only answers once it is.
+                    r = await client.get(base + "/health")
+                    if r.status_code == 200:
+                        models = await client.get(base + "/v1/models", headers=headers, timeout=10.0)
+                        if models.status_code == 200:
+                            ids = [m.get("id") for m in models.json().get("data", [])]
+                            log.info("vLLM answers on %s, models %s", base, ids)
+                            return
+                except (httpx.HTTPError, ValueError):
+                    pass
+                await asyncio.sleep(0.25)
+
+    async def _active_warmup(self, base: str, model: str) -> None:
+        try:
+            from turingbox_warmup.active import run_active_warmup
+        except ImportError as exc:
+            log.warning("active warmup skipped: turingbox_warmup.active is not available (%s)", exc)
+            return
+        timeout = max(60.0, min(900.0, self.options.startup_timeout_seconds - self.tracker.elapsed()))
+        try:
+            result = await _in_daemon_thread(run_active_warmup, base, model, self.upstream_key, timeout)
+        except Exception as exc:
+            why = str(exc).strip() or type(exc).__name__
+            if not why.lower().startswith("active warmup"):
+                why = "Active warmup failed: " + why
+            raise StartupFailed(why[0].upper() + why[1:].rstrip(".") + ".") from None
+        log.info("active warmup %s", json.dumps(result, sort_keys=True, default=str))
+
+    def _check_workers(self, plan: dict) -> None:
+        plugin = plan.get("plugin") or {}
+        tp = int(plan.get("tensor_parallel_size") or 1)
+        workers = self._worker_status()
+        problem = worker_check(workers, tp, bool(plugin.get("require_plugin")))
+        if problem:
+            raise StartupFailed(problem)
+        for w in workers:
+            warm = w.get("warmup") or {}
+            log.info("worker rank %s: plugin %s, gdn %s, warmup %s kernels in %s s, ok=%s",
+                     w.get("rank"), w.get("plugin_version"), w.get("gdn_path"), warm.get("kernels"),
+                     warm.get("seconds"), warm.get("ok"))
+        if not workers:
+            log.warning("no worker reported the turingbox plugin (require_plugin is off)")
+
+    async def _probe_upstream(self, base: str) -> None:
+        """After ready: readiness turns 503 when vLLM stops answering /health within the probe period."""
+        period = self.options.upstream_probe_seconds
+        async with httpx.AsyncClient(timeout=httpx.Timeout(period), trust_env=False) as client:
+            while True:
+                await asyncio.sleep(period)
+                try:
+                    r = await client.get(base + "/health")
+                    failure = None if r.status_code == 200 else f"vLLM's /health answered {r.status_code}."
+                except httpx.HTTPError as exc:
+                    failure = f"vLLM's /health did not answer within {period:g} s ({type(exc).__name__})."
+                if failure != self.state.probe_failure:
+                    if failure:
+                        log.warning("%s", failure)
+                    else:
+                        log.info("vLLM answers /health again")
+                self.state.probe_failure = failure
+
+
+def configure_logging() -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def serve(options: ServeOptions, plan_fn: Callable[[], dict], passthrough: list[str]) -> int:
+    """Run serve to the end; returns the exit code."""
+    configure_logging()
+    check_passthrough(passthrough)
+    sock = bind_public(options.host, options.port)
+
+    async def main() -> int:
+        return await Controller(options, plan_fn, passthrough).run(sock)
+
+    try:    # uvloop comes with vLLM (fastapi[standard]); it lowers the proxy's per-request and per-chunk cost
+        import uvloop
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
+    if loop_factory is not None and hasattr(asyncio, "Runner"):
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(main())
+    return asyncio.run(main())

@@ -1,0 +1,332 @@
+#!/usr/bin/env python3
+"""A stand-in for `vllm serve` in tests: a real HTTP server process speaking enough of vLLM's
+OpenAI API (/health, /v1/models, /v1/chat/completions, /v1/completions; SSE streams) to test the
+sidecar, with switches for the faults serve must survive.
+
+Takes the vllm CLI's argv shape: `fake_vllm.py serve MODEL --host H --port P [vllm flags...]`
+(unknown vllm flags are ignored). Like vLLM 0.21 it binds its port first and answers only once
+its (simulated) engine is up, printing vLLM's own stage log lines on the way. Like the
+turingbox plugin, it writes `<runtime_dir>/worker-<rank>.json` for each TP rank.
+
+Switches: a `--fake-NAME VALUE` flag (e.g. after `turingbox serve ... --`) or the environment
+variable FAKE_VLLM_NAME (upper case, '-' -> '_'):
+  stage-seconds F     time spent in each of loading / compiling / capturing (0)
+  startup-seconds F   extra delay before loading starts: a slow start (0)
+  chunks N            content chunks per response when the request sets no max_tokens (5)
+  chunk-delay F       seconds before each chunk (0)
+  die-after-chunks N  exit in the middle of a stream after sending N chunks (0 = never)
+  exit-code N         exit code when dying (3); die-signal N: kill itself with signal N instead
+  fail-at STAGE       exit with an error during loading | compiling | capturing
+  control-dir DIR     while DIR/hang exists every request hangs (turn a hang on and off at run time)
+  fail-requests 1     answer every completion request with HTTP 500 (as vLLM does on an engine error)
+  events FILE         JSON lines: started, request, cancelled, completed, sigterm, dying
+  plugin MODE         ok | missing | fail: the worker status files written (ok)
+  jit-after-ready S   "kernel=count,..." reported as JIT compiles after ready
+  ignore-sigterm 1    ignore SIGTERM (serve must escalate to SIGKILL)
+  sigterm-seconds F   time to shut down after SIGTERM (0)
+  child 1             start a child process in the same process group (like vLLM's engine core)
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+DEFAULTS = {
+    "stage-seconds": "0", "startup-seconds": "0", "chunks": "5", "chunk-delay": "0",
+    "die-after-chunks": "0", "exit-code": "3", "die-signal": "0", "fail-at": "", "control-dir": "",
+    "events": "", "plugin": "ok", "jit-after-ready": "", "ignore-sigterm": "0", "sigterm-seconds": "0",
+    "child": "0", "fail-requests": "0",
+}
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def parse(argv: list[str]) -> dict:
+    if len(argv) < 2 or argv[0] != "serve":
+        sys.exit("fake_vllm: usage: fake_vllm.py serve MODEL --host H --port P ...")
+    opts = {"model": argv[1],
+            "host": flag_value(argv, "--host") or "127.0.0.1",
+            "port": int(flag_value(argv, "--port") or 8000),
+            "served": flag_value(argv, "--served-model-name") or argv[1],
+            "tp": int(flag_value(argv, "--tensor-parallel-size") or 1),
+            "api_key": flag_value(argv, "--api-key")}
+    extra = flag_value(argv, "--additional-config")
+    try:
+        opts["turingbox"] = (json.loads(extra) if extra else {}).get("turingbox", {})
+    except ValueError:
+        opts["turingbox"] = {}
+    for name, default in DEFAULTS.items():
+        env = "FAKE_VLLM_" + name.upper().replace("-", "_")
+        opts[name] = flag_value(argv, "--fake-" + name) or os.environ.get(env) or default
+    return opts
+
+
+O: dict = {}
+_events_lock = threading.Lock()
+_log_lock = threading.Lock()
+_request_ids = iter(range(1, 1 << 30))
+
+
+def log(level: str, where: str, message: str) -> None:
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    with _log_lock:
+        print(f"(APIServer pid={os.getpid()}) {level} {stamp} [{where}] {message}", flush=True)
+
+
+def event(kind: str, **fields) -> None:
+    if not O.get("events"):
+        return
+    line = json.dumps({"event": kind, "t": time.time(), "pid": os.getpid(), **fields})
+    with _events_lock, open(O["events"], "a") as f:
+        f.write(line + "\n")
+
+
+def die(why: str) -> None:
+    log("ERROR", "core.py:1100", "EngineCore encountered a fatal error.")
+    log("ERROR", "fake_vllm.py:1", f"fake vllm: dying on purpose ({why})")
+    event("dying", why=why)
+    sys.stdout.flush()
+    sig = int(O["die-signal"])
+    if sig:
+        os.kill(os.getpid(), sig)
+        time.sleep(5)
+    os._exit(int(O["exit-code"]))
+
+
+def hang_if_asked() -> None:
+    control = O.get("control-dir")
+    while control and os.path.exists(os.path.join(control, "hang")):
+        time.sleep(0.05)
+
+
+def client_gone(sock: socket.socket) -> bool:
+    """True when the client closed its end (readable with nothing to read)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "fake-vllm/0.21.0"
+
+    def setup(self):
+        super().setup()
+        # Like uvicorn: no Nagle delay between the header and body writes.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, fmt, *args):      # vLLM-like access log line
+        log("INFO", "h11_impl.py:0", f'{self.address_string()} - "{self.requestline}" {args[1] if len(args) > 1 else ""}')
+
+    def _json(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _authorized(self) -> bool:
+        if not O["api_key"]:
+            return True
+        if self.headers.get("Authorization") == f"Bearer {O['api_key']}":
+            return True
+        self._json(401, {"error": "Unauthorized"})
+        return False
+
+    def do_GET(self):
+        hang_if_asked()
+        if self.path == "/health":
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif self.path == "/v1/models":
+            if self._authorized():
+                self._json(200, {"object": "list", "data": [
+                    {"id": O["served"], "object": "model", "created": int(time.time()), "owned_by": "vllm",
+                     "root": O["model"], "max_model_len": 4096}]})
+        else:
+            self._json(404, {"error": {"message": f"no route {self.path}", "type": "NotFoundError", "code": 404}})
+
+    def do_POST(self):
+        hang_if_asked()
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        path, _, query = self.path.partition("?")
+        if path not in ("/v1/chat/completions", "/v1/completions"):
+            self._json(404, {"error": {"message": f"no route {path}", "type": "NotFoundError", "code": 404}})
+            return
+        if not self._authorized():
+            return
+        try:
+            body = json.loads(raw or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            self._json(400, {"error": {"message": f"invalid JSON: {exc}", "type": "BadRequestError", "code": 400}})
+            return
+        if O["fail-requests"] not in ("0", ""):
+            event("request", id=0, path=path, failed=True)
+            self._json(500, {"error": {"message": "EngineCore encountered an issue (fake).",
+                                       "type": "InternalServerError", "code": 500}})
+            return
+        rid = next(_request_ids)
+        chat = path.endswith("chat/completions")
+        n = int(body.get("max_tokens") or body.get("max_completion_tokens") or O["chunks"])
+        stream = bool(body.get("stream"))
+        event("request", id=rid, path=path, query=query, stream=stream, chunks=n, bytes=len(raw),
+              authorization=self.headers.get("Authorization"), request_headers=dict(self.headers.items()))
+        if stream:
+            self._stream(rid, chat, n, bool((body.get("stream_options") or {}).get("include_usage")))
+        else:
+            time.sleep(float(O["chunk-delay"]) * n)
+            text = "".join(f"tok{i} " for i in range(n))
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                      if chat else {"index": 0, "text": text, "finish_reason": "length"})
+            self._json(200, {"id": f"cmpl-fake-{rid}", "object": "chat.completion" if chat else "text_completion",
+                             "created": int(time.time()), "model": O["served"], "choices": [choice],
+                             "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}})
+            event("completed", id=rid, chunks=n)
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _stream(self, rid: int, chat: bool, n: int, usage: bool) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        delay = float(O["chunk-delay"])
+        die_after = int(O["die-after-chunks"])
+        sent = 0
+        try:
+            for i in range(n):
+                if delay:
+                    time.sleep(delay)
+                if client_gone(self.connection):
+                    event("cancelled", id=rid, chunks_sent=sent)
+                    self.close_connection = True
+                    return
+                if chat:
+                    delta = {"content": f"tok{i} "} if i else {"role": "assistant", "content": "tok0 "}
+                    choice = {"index": 0, "delta": delta, "finish_reason": "length" if i == n - 1 else None}
+                    obj = "chat.completion.chunk"
+                else:
+                    choice = {"index": 0, "text": f"tok{i} ", "finish_reason": "length" if i == n - 1 else None}
+                    obj = "text_completion"
+                payload = {"id": f"cmpl-fake-{rid}", "object": obj, "created": int(time.time()),
+                           "model": O["served"], "choices": [choice], "fake_seq": i, "fake_sent_at": time.time()}
+                self._chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
+                sent += 1
+                if die_after and sent == die_after:
+                    die(f"after {sent} chunks of request {rid}")
+            if usage:
+                u = {"id": f"cmpl-fake-{rid}", "object": "chat.completion.chunk", "choices": [],
+                     "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}}
+                self._chunk(b"data: " + json.dumps(u).encode() + b"\n\n")
+            self._chunk(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+            event("completed", id=rid, chunks=sent)
+        except (BrokenPipeError, ConnectionResetError):
+            event("cancelled", id=rid, chunks_sent=sent)
+            self.close_connection = True
+
+
+def write_worker_status() -> None:
+    runtime_dir = O["turingbox"].get("runtime_dir") or os.environ.get("TURINGBOX_RUNTIME_DIR")
+    if not runtime_dir or O["plugin"] == "missing":
+        return
+    jit = {}
+    for item in filter(None, O["jit-after-ready"].split(",")):
+        name, _, count = item.partition("=")
+        jit[name] = int(count or 1)
+    os.makedirs(runtime_dir, exist_ok=True)
+    for rank in range(O["tp"]):
+        ok = O["plugin"] == "ok"
+        status = {"plugin_version": "fake", "pid": os.getpid(), "rank": rank, "stage": "ready" if ok else "failed",
+                  "warmup": {"kernels": 7, "seconds": 0.1, "ok": ok, "error": None if ok else "fake warmup failure"},
+                  "jit_after_ready": jit, "gdn_path": O["turingbox"].get("gdn", "vllm"), "active": {}}
+        tmp = os.path.join(runtime_dir, f".worker-{rank}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(status, f)
+        os.replace(tmp, os.path.join(runtime_dir, f"worker-{rank}.json"))
+
+
+def on_sigterm(sig, frame) -> None:
+    event("sigterm", signal=sig)
+    log("INFO", "launcher.py:110", "Shutting down FastAPI HTTP server.")
+    if O["ignore-sigterm"] not in ("0", ""):
+        log("INFO", "fake_vllm.py:1", "fake vllm: ignoring SIGTERM on purpose")
+        return
+    wait = float(O["sigterm-seconds"])
+    threading.Thread(target=lambda: (time.sleep(wait), os._exit(0)), daemon=True).start()
+
+
+def startup_stage(name: str, lines: list[tuple[str, str]], end_lines: list[tuple[str, str]]) -> None:
+    for where, message in lines:
+        log("INFO", where, message)
+    if O["fail-at"] == name:
+        log("ERROR", "core.py:1100", f"EngineCore failed to start: RuntimeError: fake failure while {name}")
+        log("ERROR", "core.py:1101", "Traceback (most recent call last): ...")
+        event("dying", why=f"fail-at {name}")
+        sys.stdout.flush()
+        os._exit(int(O["exit-code"]))
+    time.sleep(float(O["stage-seconds"]))
+    for where, message in end_lines:
+        log("INFO", where, message)
+
+
+def main(argv: list[str]) -> None:
+    O.update(parse(argv))
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, on_sigterm)
+    log("INFO", "utils.py:286", f"vLLM server version 0.21.0 (fake), serving model {O['model']}")
+    # vLLM logs its non-default args, secrets included: serve must mask them in what it passes on.
+    log("INFO", "utils.py:240", f"non-default args: {{'model': {O['model']!r}, 'api_key': {O['api_key']!r}}}")
+    # Like vLLM 0.21 (setup_server before the engine starts): the port is bound and listening at
+    # once, but requests wait unanswered until the engine is up.
+    server = ThreadingHTTPServer((O["host"], O["port"]), Handler)
+    server.daemon_threads = True
+    if O["child"] not in ("0", ""):
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        event("child", child_pid=child.pid)
+    event("started", argv=argv, port=O["port"], pgid=os.getpgid(0))
+    time.sleep(float(O["startup-seconds"]))
+    startup_stage("loading", [("gpu_model_runner.py:4858", f"Starting to load model {O['model']}...")],
+                  [("default_loader.py:398", "Loading weights took 0.01 seconds"),
+                   ("gpu_model_runner.py:4960", "Model loading took 0.50 GiB memory and 0.020000 seconds")])
+    startup_stage("compiling", [("backends.py:1149", "Dynamo bytecode transform time: 0.01 s")],
+                  [("monitor.py:53", "torch.compile took 0.02 s in total"),
+                   ("gpu_worker.py:463", "Available KV cache memory: 10.00 GiB"),
+                   ("kv_cache_utils.py:1710", "GPU KV cache size: 100,000 tokens")])
+    startup_stage("capturing", [("gpu_model_runner.py:6305", "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%")],
+                  [("gpu_model_runner.py:6244", "Graph capturing finished in 1 secs, took 0.10 GiB"),
+                   ("core.py:307", "init engine (profile, create kv cache, warmup model) took 1.00 s")])
+    write_worker_status()
+    log("INFO", "api_server.py:617", f"Starting vLLM server on http://{O['host']}:{O['port']}")
+    event("serving")
+    server.serve_forever(poll_interval=0.1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,174 @@
+"""Real `turingbox serve` processes in front of the real fake-vLLM HTTP process (tests/fakes/fake_vllm.py).
+
+A uniquely named module (not conftest) so test files can import it next to other test folders' conftests."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Callable
+
+import httpx
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+FAKE_VLLM = os.path.join(REPO, "tests", "fakes", "fake_vllm.py")
+FIXTURES = os.path.join(HERE, "fixtures")
+MODEL_CONFIG = os.path.join(FIXTURES, "qwen36-27b", "config.json")
+H200 = os.path.join(FIXTURES, "h200.json")
+NO_GPUS = os.path.join(FIXTURES, "no-gpus.json")
+
+
+def make_model_dir(parent: str) -> str:
+    """A model directory the planner accepts: the Qwen3.6-27B config.json (the fake needs no weights)."""
+    model = os.path.join(parent, "model")
+    os.makedirs(model, exist_ok=True)
+    with open(MODEL_CONFIG) as src, open(os.path.join(model, "config.json"), "w") as dst:
+        dst.write(src.read())
+    return model
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
+
+
+class Serve:
+    """One `python -m turingbox serve` process with its own port, log, fake-vLLM events and control dir."""
+
+    def __init__(self, tmp: str, gpus_json: str = H200, env: dict | None = None, args: list[str] | None = None,
+                 passthrough: list[str] | None = None, plan_file: str | None = None) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.events_path = os.path.join(tmp, "fake-events.jsonl")
+        self.control = os.path.join(tmp, "control")
+        os.makedirs(self.control, exist_ok=True)
+        self.log_path = os.path.join(tmp, "serve.log")
+        model = self.model = make_model_dir(tmp)
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TURINGBOX_", "FAKE_VLLM_"))}
+        full_env.update({
+            "TURINGBOX_VLLM_COMMAND": f"{sys.executable} {FAKE_VLLM}",
+            "TURINGBOX_CACHE_DIR": os.path.join(tmp, "cache"),
+            "TURINGBOX_RUNTIME_DIR": os.path.join(tmp, "runtime"),
+            "TURINGBOX_MODELS_DIR": os.path.join(tmp, "models"),
+            "TURINGBOX_ACTIVE_WARMUP": "0",
+            "TURINGBOX_UPSTREAM_PROBE_SECONDS": "0.5",
+            "FAKE_VLLM_EVENTS": self.events_path,
+            "FAKE_VLLM_CONTROL_DIR": self.control,
+            "PYTHONUNBUFFERED": "1",
+        })
+        full_env.update(env or {})
+        cmd = [sys.executable, "-m", "turingbox", "serve", "--port", str(self.port), "--host", "127.0.0.1"]
+        if plan_file:
+            cmd += ["--plan-file", plan_file]
+        else:
+            cmd += ["--gpus-json", gpus_json, "--model", model]
+        cmd += list(args or [])
+        if passthrough:
+            cmd += ["--", *passthrough]
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, env=full_env, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.client = httpx.Client(base_url=self.url, timeout=10.0, trust_env=False)
+
+    # -- observing
+
+    def get(self, path: str, **kw) -> httpx.Response:
+        return self.client.get(path, **kw)
+
+    def alive(self) -> bool:
+        try:
+            return self.get("/health/live", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                return self.get("/health/ready", timeout=1.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+        wait_until(ready, timeout, what="readiness")
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        try:
+            with open(self.events_path) as f:
+                evs = [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+        return [e for e in evs if kind is None or e["event"] == kind]
+
+    def output(self) -> str:
+        self.log.flush()
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def metrics(self) -> str:
+        return self.get("/metrics").text
+
+    # -- acting
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def wait_exit(self, timeout: float = 15.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"serve did not exit within {timeout} s:\n{self.output()}") from None
+
+    def close(self) -> None:
+        self.client.close()
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=5)
+        for ev in self.events("started") + self.events("child"):   # never leave a fake behind
+            for pid in (ev.get("pid"), ev.get("child_pid")):
+                if pid and pid_alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+        self.log.close()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:   # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def sse_events(lines) -> list:
+    """Parse SSE data lines into JSON objects ('[DONE]' kept as the string)."""
+    out = []
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[6:]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out

@@ -1,0 +1,401 @@
+"""`turingbox serve` end to end: real serve process, real fake-vLLM HTTP process, real signals."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from sidecar_harness import H200, NO_GPUS, Serve, make_model_dir, pid_alive, sse_events, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+CHUNK_DELAY = 0.15
+
+
+def stream_events(client: httpx.Client, path: str, body: dict, headers: dict | None = None, stop_after: int | None = None):
+    """POST a streaming request; return [(arrival_s, event)] with the arrival time of every SSE event."""
+    got, buf = [], b""
+    t0 = time.monotonic()
+    with client.stream("POST", path, json=body, headers=headers or {}) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for piece in r.iter_raw():
+            now = time.monotonic() - t0
+            buf += piece
+            while b"\n\n" in buf:
+                raw, buf = buf.split(b"\n\n", 1)
+                for ev in sse_events(raw.decode().splitlines()):
+                    got.append((now, ev))
+            if stop_after is not None and len(got) >= stop_after:
+                break
+    return got
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One ready server shared by the read-only tests: API key on, vLLM with its own key, slow chunks."""
+    s = Serve(str(tmp_path_factory.mktemp("shared")),
+              env={"TURINGBOX_API_KEY": "side-key-123", "FAKE_VLLM_CHUNK_DELAY": str(CHUNK_DELAY),
+                   "FAKE_VLLM_JIT_AFTER_READY": "rejection_greedy_sample_kernel=2",
+                   "TURINGBOX_MAX_REQUEST_BYTES": "65536"},
+              passthrough=["--api-key", "vllm-key-456"])
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.close()
+
+
+AUTH = {"Authorization": "Bearer side-key-123"}
+
+
+def test_stages_before_ready_then_ready(serve_factory):
+    # The real active warmup (turingbox_warmup.active) runs here, against the fake.
+    s = serve_factory(env={"FAKE_VLLM_STAGE_SECONDS": "0.6", "TURINGBOX_ACTIVE_WARMUP": "1"})
+    seen, bodies = [], []
+    live_during_startup = startup_before = v1_before = None
+
+    def poll():
+        nonlocal live_during_startup, startup_before, v1_before
+        try:
+            r = s.get("/health/ready", timeout=1.0)
+        except httpx.HTTPError:
+            return False
+        if r.status_code == 200:
+            return True
+        assert r.status_code == 503
+        assert int(r.headers["retry-after"]) >= 1
+        body = r.json()
+        bodies.append(body)
+        if not seen or seen[-1] != body["stage"]:
+            seen.append(body["stage"])
+        if body["stage"] == "loading":
+            live_during_startup = s.get("/health/live").status_code
+            startup_before = s.get("/health/startup").status_code
+            v1 = s.client.post("/v1/chat/completions", json={"messages": []})
+            v1_before = (v1.status_code, v1.headers.get("retry-after"), v1.json()["error"]["stage"])
+        return False
+
+    wait_until(poll, 30, what="ready")
+    assert [st for st in seen if st in ("loading", "compiling", "capturing")] == ["loading", "compiling", "capturing"]
+    assert seen.index("loading") > seen.index("starting") if "starting" in seen else True
+    for body in bodies:
+        assert set(body) >= {"stage", "elapsed_s", "estimate_s", "reason"}
+        assert body["estimate_s"] > 0 and body["reason"]
+    assert live_during_startup == 200
+    assert startup_before == 503
+    assert v1_before[0] == 503 and int(v1_before[1]) >= 1 and v1_before[2] in ("loading", "compiling", "capturing")
+    assert s.get("/health/startup").status_code == 200
+    assert s.get("/health/live").json()["stage"] == "ready"
+    out = s.output()
+    if "active warmup skipped" not in out:
+        assert "active warmup {" in out and s.events("request")      # real requests went through vLLM before ready
+
+
+def test_streaming_passes_chunks_one_by_one(server):
+    n = 6
+    got = stream_events(server.client, "/v1/chat/completions",
+                        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                         "max_tokens": n}, headers=AUTH)
+    content = [(t, e) for t, e in got if isinstance(e, dict) and e.get("choices")]
+    assert [e["fake_seq"] for _, e in content] == list(range(n))
+    assert got[-1][1] == "[DONE]"
+    assert "".join(e["choices"][0]["delta"]["content"] for _, e in content) == "".join(f"tok{i} " for i in range(n))
+    times = [t for t, _ in content]
+    # Each chunk arrives on its own, about one delay after the previous one: nothing is held back.
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert all(g > CHUNK_DELAY * 0.5 for g in gaps), gaps
+    assert times[0] < times[-1] - (n - 2) * CHUNK_DELAY * 0.8, times
+
+
+def test_streaming_completions_and_usage(server):
+    got = stream_events(server.client, "/v1/completions",
+                        {"model": "m", "prompt": "x", "stream": True, "max_tokens": 3,
+                         "stream_options": {"include_usage": True}}, headers=AUTH)
+    events = [e for _, e in got]
+    assert [e["choices"][0]["text"] for e in events[:3]] == ["tok0 ", "tok1 ", "tok2 "]
+    assert events[3]["usage"]["completion_tokens"] == 3
+    assert events[4] == "[DONE]"
+
+
+def test_non_streaming(server):
+    r = server.client.post("/v1/completions?trace=1", json={"model": "m", "prompt": "x", "max_tokens": 3},
+                           headers=AUTH)
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json"
+    assert int(r.headers["content-length"]) == len(r.content)
+    assert r.json()["choices"][0]["text"] == "tok0 tok1 tok2 "
+    assert server.events("request")[-1]["query"] == "trace=1"
+    r = server.client.post("/v1/chat/completions", json={"model": "m", "messages": [], "max_tokens": 2},
+                           headers=AUTH)
+    assert r.json()["choices"][0]["message"]["content"] == "tok0 tok1 "
+    models = server.get("/v1/models", headers=AUTH)
+    assert models.status_code == 200 and models.json()["data"][0]["id"]
+    # Invalid JSON reaches vLLM unchanged and its 400 comes back unchanged.
+    bad = server.client.post("/v1/chat/completions", content=b"{not json", headers=AUTH)
+    assert bad.status_code == 400 and "invalid JSON" in bad.json()["error"]["message"]
+
+
+def test_oversized_body_refused(server):
+    n_requests = len(server.events("request"))
+    big = {"model": "m", "prompt": "x" * 70_000, "max_tokens": 1}
+    r = server.client.post("/v1/completions", json=big, headers=AUTH)
+    assert r.status_code == 413 and "65536 bytes" in r.json()["error"]["message"]
+
+    def chunked():          # no Content-Length: the limit holds while reading
+        yield b'{"prompt": "'
+        for _ in range(20):
+            yield b"y" * 4096
+        yield b'"}'
+    r = server.client.post("/v1/completions", content=chunked(), headers=AUTH)
+    assert r.status_code == 413
+    assert len(server.events("request")) == n_requests          # nothing reached vLLM
+    ok = server.client.post("/v1/completions", json={"prompt": "x" * 60_000, "max_tokens": 1}, headers=AUTH)
+    assert ok.status_code == 200
+
+
+def test_api_key_enforced_and_swapped_for_vllms_own(server):
+    body = {"model": "m", "messages": [], "max_tokens": 1}
+    missing = server.client.post("/v1/chat/completions", json=body)
+    assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+    assert "API key" in missing.json()["error"]["message"]
+    wrong = server.client.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer side-key-12"})
+    assert wrong.status_code == 401
+    basic = server.client.post("/v1/chat/completions", json=body, headers={"Authorization": "Basic side-key-123"})
+    assert basic.status_code == 401
+    assert server.get("/v1/models").status_code == 401
+    assert server.get("/turingbox/plan").status_code == 401
+    # Health stays open; metrics too unless metrics_require_key.
+    for path in ("/health/live", "/health/ready", "/health/startup", "/metrics"):
+        assert server.get(path).status_code == 200, path
+    ok = server.client.post("/v1/chat/completions", json=body, headers=AUTH)
+    assert ok.status_code == 200
+    # vLLM got its own key (passed after --), never the client's.
+    last = server.events("request")[-1]
+    assert last["authorization"] == "Bearer vllm-key-456"
+
+
+def test_no_secret_in_plan_or_logs(server):
+    plan = server.get("/turingbox/plan", headers=AUTH)
+    assert plan.status_code == 200
+    assert plan.json()["vllm_args"][0] == "serve"
+    out = server.output()
+    assert "non-default args" in out            # the fake's line that carries its key went through...
+    for secret in ("side-key-123", "vllm-key-456"):
+        assert secret not in plan.text
+        assert secret not in out                 # ...masked
+    plan_lines = [line for line in out.splitlines() if "turingbox.serve: plan {" in line]
+    assert len(plan_lines) == 1 and json.loads(plan_lines[0].split("plan ", 1)[1])["vllm_args"]
+
+
+def test_metrics(server):
+    server.client.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1}, headers=AUTH)
+    text = server.metrics()
+    assert 'turingbox_proxy_requests_total{code="200",route="completions"}' in text
+    assert 'turingbox_proxy_request_duration_seconds_count{route="completions"}' in text
+    assert 'turingbox_proxy_time_to_first_byte_seconds_count{route="completions"}' in text
+    assert 'turingbox_proxy_rejected_total{reason="unauthorized"}' in text or "unauthorized" not in text
+    assert 'turingbox_stage{stage="ready"} 1.0' in text
+    for stage in ("planning", "starting", "loading", "compiling", "capturing", "warming"):
+        assert f'turingbox_startup_stage_seconds{{stage="{stage}"}}' in text, stage
+    assert "turingbox_jit_after_ready_total 2.0" in text
+    assert 'turingbox_jit_after_ready_by_kernel_total{kernel="rejection_greedy_sample_kernel",rank="0"} 2.0' in text
+    assert 'turingbox_warmup_ok{rank="0"} 1.0' in text
+    assert "turingbox_proxy_in_flight_requests 0.0" in text
+
+
+def test_client_disconnect_cancels_upstream(server):
+    before = len(server.events("cancelled"))
+    got = stream_events(server.client, "/v1/chat/completions",
+                        {"model": "m", "messages": [], "stream": True, "max_tokens": 60}, headers=AUTH, stop_after=2)
+    assert len(got) >= 2          # leaving the `with` closed the client connection mid-stream
+    rid = server.events("request")[-1]["id"]
+    cancelled = wait_until(lambda: [e for e in server.events("cancelled")[before:] if e["id"] == rid], 10,
+                           what="the fake to see the cancellation")
+    assert cancelled[0]["chunks_sent"] < 60
+    assert not [e for e in server.events("completed") if e["id"] == rid]
+    wait_until(lambda: "turingbox_proxy_in_flight_requests 0.0" in server.metrics(), 5, what="in-flight back to 0")
+    assert "turingbox_proxy_client_disconnects_total 1.0" in server.metrics()
+
+
+def test_upstream_hang_turns_readiness_503_and_back(server):
+    hang = os.path.join(server.control, "hang")
+    open(hang, "w").close()
+    try:
+        body = wait_until(lambda: (lambda r: r.status_code == 503 and r.json())(server.get("/health/ready")), 5,
+                          what="readiness 503 while vLLM hangs")
+        assert body["stage"] == "unresponsive" and "/health" in body["reason"]
+        assert server.get("/health/live").status_code == 200
+    finally:
+        os.unlink(hang)
+    wait_until(lambda: server.get("/health/ready").status_code == 200, 5, what="readiness back")
+
+
+def test_sigterm_drains_in_flight_then_stops_vllm(serve_factory):
+    s = serve_factory(env={"FAKE_VLLM_CHUNK_DELAY": "0.15", "FAKE_VLLM_CHILD": "1",
+                           "TURINGBOX_DRAIN_GRACE_SECONDS": "20"})
+    s.wait_ready()
+    child = s.events("child")[0]["child_pid"]
+    fake = s.events("started")[0]["pid"]
+    n = 12
+    got, buf = [], b""
+    with s.client.stream("POST", "/v1/chat/completions", json={"messages": [], "stream": True, "max_tokens": n}) as r:
+        for piece in r.iter_raw():
+            buf += piece
+            if not got:     # first bytes are here: the request is in flight; now ask serve to stop
+                s.signal(signal.SIGTERM)
+                ready = s.get("/health/ready")
+                assert ready.status_code == 503 and ready.json()["stage"] == "draining"
+                new = s.client.post("/v1/chat/completions", json={"messages": [], "max_tokens": 1})
+                assert new.status_code == 503 and new.headers["retry-after"]
+                assert s.get("/health/live").status_code == 200
+            got.append(piece)
+    events = sse_events(buf.decode().splitlines())
+    assert events[-1] == "[DONE]" and len(events) == n + 1          # the in-flight stream completed
+    assert s.wait_exit() == 0
+    completed = s.events("completed")[-1]["t"]
+    sigterm = s.events("sigterm")[0]["t"]
+    assert sigterm >= completed                                     # vLLM was stopped only after the drain
+    assert not pid_alive(fake) and not pid_alive(child)             # the whole process group is gone
+    assert "drained: exiting" in s.output()
+
+
+def test_sigterm_during_startup_stops_vllm_and_exits_0(serve_factory):
+    s = serve_factory(env={"FAKE_VLLM_STAGE_SECONDS": "5", "TURINGBOX_API_KEY": "k",
+                           "TURINGBOX_METRICS_REQUIRE_KEY": "1"})
+    wait_until(lambda: s.alive() and s.get("/health/ready").json()["stage"] == "loading", 20, what="loading")
+    assert s.get("/metrics").status_code == 401
+    assert "turingbox_stage" in s.get("/metrics", headers={"Authorization": "Bearer k"}).text
+    fake = s.events("started")[0]["pid"]
+    s.signal(signal.SIGTERM)
+    assert s.wait_exit(timeout=10) == 0
+    assert s.events("sigterm") and not pid_alive(fake)
+
+
+def test_second_signal_forces_fast_exit(serve_factory):
+    s = serve_factory(env={"FAKE_VLLM_CHUNK_DELAY": "0.1", "TURINGBOX_DRAIN_GRACE_SECONDS": "30",
+                           "FAKE_VLLM_CHILD": "1"})
+    s.wait_ready()
+    fake, child = s.events("started")[0]["pid"], s.events("child")[0]["child_pid"]
+    with s.client.stream("POST", "/v1/chat/completions", json={"messages": [], "stream": True, "max_tokens": 500}) as r:
+        next(r.iter_raw())
+        s.signal(signal.SIGTERM)
+        wait_until(lambda: s.get("/health/ready").json()["stage"] == "draining", 5)
+        t0 = time.monotonic()
+        s.signal(signal.SIGINT)
+        code = s.wait_exit(timeout=5)
+        assert time.monotonic() - t0 < 3
+    assert code == 128 + signal.SIGINT
+    wait_until(lambda: not pid_alive(fake) and not pid_alive(child), 5, what="vLLM's group killed")
+
+
+def test_vllm_ignoring_sigterm_gets_sigkill(serve_factory):
+    s = serve_factory(env={"FAKE_VLLM_IGNORE_SIGTERM": "1", "TURINGBOX_VLLM_STOP_GRACE_SECONDS": "1"})
+    s.wait_ready()
+    fake = s.events("started")[0]["pid"]
+    s.signal(signal.SIGTERM)
+    assert s.wait_exit(timeout=10) == 0
+    assert s.events("sigterm")            # it was asked first
+    assert not pid_alive(fake)
+    assert "sending SIGKILL" in s.output()
+
+
+def test_upstream_death_mid_stream(serve_factory):
+    s = serve_factory(env={"FAKE_VLLM_DIE_AFTER_CHUNKS": "3", "FAKE_VLLM_EXIT_CODE": "7",
+                           "FAKE_VLLM_CHUNK_DELAY": "0.05", "TURINGBOX_EXIT_LINGER_SECONDS": "3"})
+    s.wait_ready()
+    got = stream_events(s.client, "/v1/chat/completions", {"messages": [], "stream": True, "max_tokens": 10})
+    events = [e for _, e in got]
+    assert [e["fake_seq"] for e in events[:3]] == [0, 1, 2]
+    assert "error" in events[3] and "exit code 7" in events[3]["error"]["message"]     # a clean error event
+    assert events[4] == "[DONE]" and len(events) == 5
+    live = s.get("/health/live")
+    assert live.status_code == 503 and "exit code 7" in live.json()["reason"]
+    assert s.get("/health/ready").status_code == 503
+    code = s.wait_exit()
+    assert code != 0
+    out = s.output()
+    assert "vLLM exited unexpectedly with exit code 7" in out
+    assert "  | " in out and "dying on purpose" in out.split("log lines:")[-1]       # vLLM's last lines
+
+
+def test_vllm_failing_during_startup(serve_factory):
+    s = serve_factory(env={"FAKE_VLLM_FAIL_AT": "compiling", "TURINGBOX_EXIT_LINGER_SECONDS": "0"})
+    assert s.wait_exit() != 0
+    out = s.output()
+    assert "exited unexpectedly with exit code 3 during stage compiling" in out
+    assert "fake failure while compiling" in out.split("log lines:")[-1]
+
+
+def test_no_gpu_keeps_sidecar_up_not_ready(serve_factory):
+    s = serve_factory(gpus_json=NO_GPUS)
+    body = wait_until(lambda: (lambda r: r.status_code == 503 and r.json()["stage"] == "failed" and r.json())(
+        s.get("/health/ready")) if s.alive() else False, 20, what="the planning failure")
+    assert "GPU" in body["reason"] and body["reason"].count(". ") == 0       # one sentence
+    assert s.get("/health/live").status_code == 200
+    assert s.get("/turingbox/plan").status_code == 503
+    assert s.client.post("/v1/chat/completions", json={}).status_code == 503
+    assert not s.events("started")                                          # vLLM never started
+    assert body["reason"] in s.output()
+    s.signal(signal.SIGTERM)
+    assert s.wait_exit() == 0
+
+
+def test_plugin_required_but_missing_fails_startup(serve_factory):
+    s = serve_factory(args=["--require-plugin", "1"], env={"FAKE_VLLM_PLUGIN": "missing"})
+    assert s.wait_exit() == 1
+    out = s.output()
+    assert "did not report from rank(s) 0 of 1 while require_plugin is on" in out
+    assert not pid_alive(s.events("started")[0]["pid"])
+
+
+def test_failing_active_warmup_fails_startup(serve_factory):
+    s = serve_factory(env={"TURINGBOX_ACTIVE_WARMUP": "1", "FAKE_VLLM_FAIL_REQUESTS": "1"})
+    assert s.wait_exit() == 1
+    out = s.output()
+    line = [l for l in out.splitlines() if l.startswith("turingbox: Active warmup")]
+    assert line and line[0].endswith("."), out[-2000:]
+    assert s.events("request") and not pid_alive(s.events("started")[0]["pid"])
+
+
+def test_serves_a_saved_plan_file(serve_factory, tmp_path):
+    model = make_model_dir(str(tmp_path))
+    made = subprocess.run([sys.executable, "-m", "turingbox", "plan", "--gpus-json", H200, "--model", model, "--json"],
+                          capture_output=True, text=True, check=True, env={**os.environ, "TURINGBOX_RUNTIME_DIR":
+                                                                           str(tmp_path / "runtime")})
+    plan = json.loads(made.stdout)
+    path = tmp_path / "plan.json"
+    path.write_text(made.stdout)
+    s = serve_factory(plan_file=str(path))
+    s.wait_ready()
+    served = s.get("/turingbox/plan").json()
+    assert served["vllm_args"] == plan["vllm_args"] and served["cache_key"] == plan["cache_key"]
+    argv = s.events("started")[0]["argv"]
+    assert argv[:len(plan["vllm_args"])] == plan["vllm_args"] and argv[-4:-2] == ["--host", "127.0.0.1"]
+
+
+def test_bad_settings_exit_2_with_one_sentence(serve_factory):
+    s = serve_factory(env={"TURINGBOX_DRAIN_GRACE_SECONDS": "soon"})
+    assert s.wait_exit() == 2
+    out = s.output().strip()
+    assert out.count("\n") == 0 and "TURINGBOX_DRAIN_GRACE_SECONDS" in out and "Traceback" not in out
+    s = serve_factory(passthrough=["--port", "9999"])
+    assert s.wait_exit() == 2
+    assert "--upstream-port" in s.output() and "Traceback" not in s.output()
+
+
+def test_port_in_use_exit_2(serve_factory):
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen(1)
+        port = blocker.getsockname()[1]
+        s = serve_factory(args=["--port", str(port)])
+        assert s.wait_exit() == 2
+        assert f"cannot listen on 127.0.0.1:{port}" in s.output()

@@ -1,0 +1,149 @@
+"""The pure parts of serve: stage detection, estimates, worker check, argv, redaction."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from turingbox.errors import UsageError
+from turingbox.serve import stages
+from turingbox.serve.controller import (cache_is_warm, check_passthrough, flag_value, make_redactor, mask_argv,
+                                        public_plan, vllm_argv, worker_check)
+from turingbox.serve.metrics import route_label
+from turingbox.serve.supervisor import describe_exit
+
+# Real vLLM 0.21.0 log lines (messages as formatted by its loggers) -> the stage they announce.
+VLLM_LINES = [
+    ("(EngineCore_DP0 pid=812) INFO 05-01 10:00:03 [gpu_model_runner.py:4858] Starting to load model /models/demo...", "loading"),
+    ("(EngineCore_DP0 pid=812) INFO 05-01 10:00:09 [default_loader.py:398] Loading weights took 5.12 seconds", "loading"),
+    ("Loading safetensors checkpoint shards:  50% Completed | 2/4 [00:03<00:03,  1.52s/it]", "loading"),
+    ("(EngineCore_DP0 pid=812) INFO 05-01 10:00:10 [gpu_model_runner.py:4960] Model loading took 15.2 GiB memory and 6.2 seconds", "compiling"),
+    ("(EngineCore_DP0 pid=812) INFO 05-01 10:00:11 [backends.py:1090] Using cache directory: /c/torch_compile_cache/ab/rank_0_0/backbone for vLLM's torch.compile", "compiling"),
+    ("(EngineCore_DP0 pid=812) INFO 05-01 10:00:19 [backends.py:1149] Dynamo bytecode transform time: 7.91 s", "compiling"),
+    ("(EngineCore_DP0 pid=812) INFO 05-01 10:00:25 [backends.py:394] Compiling a graph for compile range (1, 8192) takes 5.10 s", "compiling"),
+    ("(EngineCore_DP0 pid=812) INFO 05-01 10:00:25 [monitor.py:53] torch.compile took 13.01 s in total", "compiling"),
+    ("(EngineCore_DP0 pid=812) INFO 05-01 10:00:30 [gpu_worker.py:463] Available KV cache memory: 98.1 GiB", "compiling"),
+    ("(EngineCore_DP0 pid=812) INFO 05-01 10:00:30 [kv_cache_utils.py:1710] GPU KV cache size: 1,234,567 tokens", "compiling"),
+    ("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| 35/35 [00:04<00:00,  8.1it/s]", "capturing"),
+    ("(EngineCore_DP0 pid=812) INFO 05-01 10:00:40 [gpu_model_runner.py:6244] Graph capturing finished in 5 secs, took 0.52 GiB", "capturing"),
+    ("(EngineCore_DP0 pid=812) INFO 05-01 10:00:41 [core.py:307] init engine (profile, create kv cache, warmup model) took 30.1 s", "capturing"),
+    ("(APIServer pid=700) INFO 05-01 10:00:42 [api_server.py:617] Starting vLLM server on http://127.0.0.1:8100", None),
+    ("(APIServer pid=700) INFO 05-01 10:00:01 [utils.py:240] non-default args: {'model': '/models/demo'}", None),
+]
+
+
+@pytest.mark.parametrize("line,stage", VLLM_LINES)
+def test_stage_from_vllm_log_line(line, stage):
+    assert stages.stage_from_log_line(line) == stage
+
+
+def _vllm_source() -> str | None:
+    for root in (os.environ.get("VLLM_SOURCE"), "/work/ref/vllm-0.21.0/vllm"):
+        if root and os.path.isdir(root):
+            return root
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("vllm")
+        return os.path.dirname(spec.origin) if spec and spec.origin else None
+    except Exception:
+        return None
+
+
+def test_every_stage_pattern_is_still_in_vllm_source():
+    """Guards the substrings against a vLLM upgrade rewording its messages."""
+    root = _vllm_source()
+    if root is None:
+        pytest.skip("no vLLM source here (set VLLM_SOURCE)")
+    text = []
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(dirpath, name), errors="replace") as f:
+                    text.append(f.read())
+    source = "\n".join(text)
+    # Messages built from %-format strings: compare the fixed text before the first placeholder.
+    missing = [needle for needle, _ in stages.LOG_STAGE_PATTERNS if needle.split("%")[0] not in source]
+    assert not missing, f"not found in {root}: {missing}"
+
+
+def test_tracker_moves_forward_only_and_keeps_durations():
+    now = [100.0]
+    t = stages.StartupTracker(clock=lambda: now[0])
+    now[0] = 102.0
+    assert t.advance(stages.STARTING)
+    t.observe_log_line("Starting to load model x...")
+    assert t.stage == stages.LOADING
+    now[0] = 110.0
+    t.observe_log_line("Capturing CUDA graphs (decode, FULL)")
+    t.observe_log_line("Loading weights took 1 s")          # late line from another rank: no step back
+    assert t.stage == stages.CAPTURING
+    assert t.durations == {stages.PLANNING: 2.0, stages.STARTING: 0.0, stages.LOADING: 8.0}
+    now[0] = 115.0
+    t.advance(stages.WARMING)
+    t.observe_log_line("Starting to load model x...")       # log lines no longer move it after startup
+    assert t.stage == stages.WARMING
+    t.advance(stages.READY)
+    assert t.ready_after_s == 15.0 and t.estimate() == 0.0
+    t.advance(stages.DRAINING)
+    assert not t.advance(stages.READY) and t.stage == stages.DRAINING and t.estimate() is None
+
+
+def test_estimate_counts_down_and_never_below_one_second_per_stage():
+    typical = stages.TYPICAL_SECONDS["cold"]
+    full = stages.estimate_remaining(stages.PLANNING, 0, typical)
+    assert full == sum(typical.values())
+    assert stages.estimate_remaining(stages.COMPILING, 100, typical) == typical[stages.COMPILING] - 100 + \
+        typical[stages.CAPTURING] + typical[stages.WARMING]
+    assert stages.estimate_remaining(stages.WARMING, 10_000, typical) == 1.0
+    assert stages.estimate_remaining(stages.READY, 0, typical) == 0.0
+    assert stages.estimate_remaining(stages.LOADING, 0, stages.TYPICAL_SECONDS["warm"]) < \
+        stages.estimate_remaining(stages.LOADING, 0, typical)
+
+
+def test_worker_check():
+    ok = {"rank": 0, "warmup": {"ok": True}}
+    assert worker_check([ok, dict(ok, rank=1)], 2, True) is None
+    msg = worker_check([ok], 2, True)
+    assert "rank(s) 1 of 2" in msg and msg.endswith("?")
+    msg = worker_check([ok, {"rank": 1, "warmup": {"ok": False, "error": "JIT after warmup: k1"}}], 2, True)
+    assert msg == "The plugin's strict warmup failed on rank 1 (JIT after warmup: k1) while require_plugin is on."
+    assert worker_check([], 4, False) is None
+
+
+def test_vllm_argv_and_passthrough():
+    plan = {"vllm_args": ["serve", "/m", "--tensor-parallel-size", "2"]}
+    argv = vllm_argv(plan, 8100, ["--max-num-seqs", "4"], None, python="/py")
+    assert argv == ["/py", "-m", "vllm.entrypoints.cli.main", "serve", "/m", "--tensor-parallel-size", "2",
+                    "--host", "127.0.0.1", "--port", "8100", "--max-num-seqs", "4"]
+    argv = vllm_argv(plan, 1, [], "'/usr/bin/env' python3 fake.py")
+    assert argv[:3] == ["/usr/bin/env", "python3", "fake.py"] and argv[3] == "serve"
+    for bad in (["--port", "1"], ["--host=0.0.0.0"], ["--uds", "/x"]):
+        with pytest.raises(UsageError):
+            check_passthrough(bad)
+    check_passthrough(["--max-num-seqs", "4", "--portable"])
+    assert flag_value(["--api-key", "a", "--api-key=b"], "--api-key") == "b"
+
+
+def test_redaction():
+    assert mask_argv(["serve", "m", "--api-key", "k", "--hf-token=t", "--x", "1"]) == \
+        ["serve", "m", "--api-key", "***", "--hf-token=***", "--x", "1"]
+    plan = {"vllm_args": ["serve", "--api-key", "k1"], "env": {"HF_TOKEN": "hf", "CUDA_VISIBLE_DEVICES": "0"},
+            "note": "contains sk-live-42 somewhere"}
+    p = public_plan(plan, ["sk-live-42"])
+    assert p["vllm_args"] == ["serve", "--api-key", "***"]
+    assert p["env"] == {"HF_TOKEN": "***", "CUDA_VISIBLE_DEVICES": "0"}
+    assert "sk-live-42" not in str(p) and plan["env"]["HF_TOKEN"] == "hf"      # the original is untouched
+    assert make_redactor(["abc", ""])("x abc y abcabc") == "x *** y ******"
+
+
+def test_small_helpers():
+    assert route_label("/v1/chat/completions") == "chat/completions"
+    assert route_label("/v1/models/demo") == "models"
+    assert route_label("/v1/../../etc/passwd") == "other"
+    assert describe_exit(3) == "exit code 3" and describe_exit(-9) == "signal 9 (SIGKILL)"
+    assert cache_is_warm({"result": "hit"}) and not cache_is_warm({"result": "miss"}) and not cache_is_warm(None)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
