@@ -14,7 +14,7 @@ def test_every_kernel_compiles_for_sm75(sm75_report):
     assert all(r["ok"] for r in sm75_report), sm75_report
     for kernel in ("gdn_chunk_prep_kernel", "gdn_chunk_state_kernel", "gdn_decode_kernel"):
         assert {(kernel, "fp16"), (kernel, "bf16")} <= names
-    assert all(r["arch"] == "sm_75" for r in sm75_report)
+    assert all(r["arch"] == "7.5" for r in sm75_report)
 
 
 def test_decode_path_has_no_register_spills(sm75_report):

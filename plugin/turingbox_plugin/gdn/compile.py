@@ -116,10 +116,11 @@ def compile_report(arch: str, nvcc: str | None = None, sources_dir: str | os.Pat
     name, dtype, path (prefill|decode), arch, ok, registers, spills, spill_stores, spill_loads,
     stack_bytes, shared_bytes, blocks_per_sm_by_smem, hmma (None when no cuobjdump), error."""
     sm = normalize_arch(arch)
+    label = f"{sm[:-1]}.{sm[-1]}"   # "75" -> "7.5", the form `verify` uses for Triton kernels
     nvcc = nvcc or find_tool("nvcc")
     src_dir = Path(sources_dir) if sources_dir else CSRC
     if not nvcc:
-        return [{"name": s, "arch": f"sm_{sm}", "ok": False, "error": "nvcc not found"} for s in SOURCES]
+        return [{"name": s, "arch": label, "ok": False, "error": "nvcc not found"} for s in SOURCES]
     cuobjdump = find_tool("cuobjdump", nvcc)
     report: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="tb-gdn-") as tmp:
@@ -130,11 +131,11 @@ def compile_report(arch: str, nvcc: str | None = None, sources_dir: str | os.Pat
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
             except (OSError, subprocess.TimeoutExpired) as exc:
-                report.append({"name": src, "arch": f"sm_{sm}", "ok": False, "error": str(exc)})
+                report.append({"name": src, "arch": label, "ok": False, "error": str(exc)})
                 continue
             if proc.returncode != 0:
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-                report.append({"name": src, "arch": f"sm_{sm}", "ok": False, "error": " | ".join(tail)})
+                report.append({"name": src, "arch": label, "ok": False, "error": " | ".join(tail)})
                 continue
             entries = parse_ptxas(proc.stdout + proc.stderr)
             hmma: dict[str, int] | None = None
@@ -150,7 +151,7 @@ def compile_report(arch: str, nvcc: str | None = None, sources_dir: str | os.Pat
                 cap = SHARED_PER_SM.get(sm)
                 report.append({
                     "name": name, "dtype": dtype, "mangled": mangled, "source": src, "path": path,
-                    "arch": info.get("arch", f"sm_{sm}"), "ok": True,
+                    "arch": label, "ok": True,
                     "registers": info.get("registers"),
                     "spills": info.get("spill_stores", 0) + info.get("spill_loads", 0),
                     "spill_stores": info.get("spill_stores", 0),
