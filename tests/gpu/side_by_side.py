@@ -113,7 +113,8 @@ def kv_reported(log_path: str) -> dict:
     m = re.findall(r"GPU KV cache size: ([\d,]+) tokens", text)
     if m:
         out["kv_tokens"] = int(m[-1].replace(",", ""))
-    out["jit_monitor_lines"] = [l for l in text.splitlines() if "JIT" in l and "triton" in l.lower()][:20]
+    # vLLM's jit_monitor: one warning per kernel compiled after its warmup ("... during inference: NAME.")
+    out["jit_monitor_kernels"] = sorted(set(re.findall(r"Triton kernel JIT compilation during inference: (\S+?)\.", text)))
     return out
 
 
@@ -137,6 +138,8 @@ def main() -> int:
     ap.add_argument("--gpus", default="0,1", help="GPU for turingbox, GPU for plain vLLM (same = sequential)")
     ap.add_argument("--skip-plain", action="store_true")
     ap.add_argument("--extra", default="", help="extra turingbox serve flags")
+    ap.add_argument("--bench", action="store_true", help="also run `turingbox bench decode|prefill` on each server")
+    ap.add_argument("--prefill-lengths", default="2048,4096,8192,16384,32768")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     gpu_tb, gpu_plain = args.gpus.split(",")
@@ -165,7 +168,10 @@ def main() -> int:
             continue
         plain_args.append(a)
     env_plain = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu_plain, VLLM_PLUGINS="", PYTHONUNBUFFERED="1",
-                     VLLM_CACHE_ROOT=os.path.join(args.cache + "-plain", "vllm"))
+                     VLLM_CACHE_ROOT=os.path.join(args.cache + "-plain", "vllm"),
+                     TRITON_CACHE_DIR=os.path.join(args.cache + "-plain", "triton"),
+                     TORCHINDUCTOR_CACHE_DIR=os.path.join(args.cache + "-plain", "inductor"),
+                     FLASHINFER_WORKSPACE_BASE=os.path.join(args.cache + "-plain", "flashinfer"))
     for k, v in plan.get("env", {}).items():
         if k not in ("CUDA_VISIBLE_DEVICES",):
             env_plain.setdefault(k, v)
@@ -195,6 +201,16 @@ def main() -> int:
         r["later_ttft_median_s"] = statistics.median(later)
         r["first_over_later"] = r["first_ttft_s"] / r["later_ttft_median_s"]
         r["decode"] = decode_tps(port, served)
+        if args.bench:
+            for kind in ("decode", "prefill"):
+                out_json = os.path.join(args.out, f"bench-{kind}-{name}-{args.phase}.json")
+                cmd = [sys.executable, "-m", "turingbox", "bench", kind, "--url", f"http://127.0.0.1:{port}",
+                       "--json", "--output", out_json]
+                if kind == "prefill":
+                    cmd += ["--lengths", args.prefill_lengths, "--plot",
+                            os.path.join(args.out, f"prefill-{name}-{args.phase}.png")]
+                rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, timeout=400).returncode
+                r[f"bench_{kind}"] = json.load(open(out_json)) if rc == 0 and os.path.exists(out_json) else {"rc": rc}
         for label, p in extra_ports:
             r[f"decode_{label}"] = decode_tps(p, served)
             r[f"ttft_{label}_median_s"] = statistics.median([ttft(p, served) for _ in range(10)])

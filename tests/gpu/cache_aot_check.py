@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""GPU machine: kernels compiled ahead of time for this GPU's arch load without compiling.
+
+    source tests/gpu/bootstrap.sh && python3 tests/gpu/cache_aot_check.py      # ~1-2 min, JSON to $OUT
+
+Four fresh processes, the same kernel launches in each (the plugin's `scaled_copy_kernel` and
+vLLM 0.21's `rejection_greedy_sample_kernel` -- the greedy variant DESIGN lists as first-request
+JIT -- in several specializations):
+  1. capture: empty TRITON_CACHE_DIR, `turingbox_warmup.aot.capture_hook` records every launch's
+     specialization (Triton's own serialization) as JSON lines;
+  2. bake:    `python -m turingbox_warmup.aot --specs records --arch <this GPU> --cache-dir AOT`
+     recompiles the records into a fresh directory, no GPU involved (what the image build does);
+  3. load:    TRITON_CACHE_DIR=AOT, a post-compile hook counting kernel loads and a counter on the
+     CUDA backend's compile stages (entered only when Triton really compiles); the AOT
+     directory's file list before and after;
+  4. control: the same launches on an empty cache, proving the compile counter sees compiles.
+Prints one JSON object (also $OUT/cache_aot_check.json); "ok" is true when the load process
+compiled nothing, loaded every kernel from the AOT directory and wrote nothing there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+# ---- the launches (run in each child process) ---------------------------------------------------
+
+def launches() -> list[str]:
+    """Launch every kernel specialization once on the GPU; returns what was launched."""
+    import torch
+    from turingbox_plugin.kernels import scaled_copy
+    done = []
+    for dtype in (torch.float16, torch.float32):
+        for n in (4096, 4095):             # n % 16 == 0 and not: two specializations each
+            x = torch.randn(n, device="cuda", dtype=dtype)
+            y = scaled_copy(x, 0.5)
+            assert torch.allclose(y, x * 0.5)
+            done.append(f"scaled_copy_kernel[{dtype},{n}]")
+    from vllm.v1.sample.rejection_sampler import rejection_greedy_sample_kernel
+    batch, k = 4, 3
+    for with_is_greedy in (False, True):   # vLLM's FIXME: is_greedy=None recompiles at run time
+        out = torch.full((batch, k + 1), -1, dtype=torch.int32, device="cuda")
+        cu = torch.arange(1, batch + 1, dtype=torch.int32, device="cuda") * k
+        draft = torch.randint(0, 1000, (batch * k,), dtype=torch.int32, device="cuda")
+        target = draft.to(torch.int64)
+        bonus = torch.randint(0, 1000, (batch,), dtype=torch.int32, device="cuda")
+        is_greedy = torch.ones(batch, dtype=torch.bool, device="cuda") if with_is_greedy else None
+        rejection_greedy_sample_kernel[(batch,)](out, cu, draft, target, bonus, is_greedy, k, None, None,
+                                                 SYNTHETIC_MODE=False)
+        torch.cuda.synchronize()
+        # Every draft equals the target argmax: all accepted, then the bonus token.
+        assert out[:, :k].tolist() == draft.view(batch, k).tolist() and out[:, k].tolist() == bonus.tolist()
+        done.append(f"rejection_greedy_sample_kernel[is_greedy={'tensor' if with_is_greedy else 'None'}]")
+    return done
+
+
+def all_files(d: str) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(p, f), d) for p, _, fs in os.walk(d) for f in fs)
+
+
+def child(mode: str, records: str) -> dict:
+    import triton
+    from triton import knobs
+    from triton.backends.nvidia.compiler import CUDABackend
+    from turingbox_warmup import aot
+
+    events: list[str] = []
+    compiles = {"n": 0}
+    add_stages = CUDABackend.add_stages
+
+    def counting_add_stages(self, *a, **k):   # entered only when Triton compiles (not on a cache hit)
+        compiles["n"] += 1
+        return add_stages(self, *a, **k)
+    CUDABackend.add_stages = counting_add_stages
+    capture = aot.capture_hook(records) if mode == "capture" else None
+
+    def hook(**kw):
+        events.append(f"{kw['fn'].module}:{kw['fn'].name}")
+        if capture:
+            capture(**kw)
+        return False
+    knobs.runtime.jit_post_compile_hook = hook
+    cache_dir = os.environ["TRITON_CACHE_DIR"]
+    before = all_files(cache_dir) if os.path.isdir(cache_dir) else []
+    t0 = time.perf_counter()
+    launched = launches()
+    seconds = time.perf_counter() - t0
+    after = all_files(cache_dir) if os.path.isdir(cache_dir) else []
+    return {"mode": mode, "triton": triton.__version__, "launched": launched, "hook_events": len(events),
+            "compiles": compiles["n"], "cache_loads": len(events) - compiles["n"], "kernels": sorted(set(events)),
+            "files_written": len(set(after) - set(before)), "seconds": round(seconds, 3)}
+
+
+def run_child(mode: str, cache_dir: str, records: str) -> dict:
+    env = {**os.environ, "TRITON_CACHE_DIR": cache_dir, "PYTHONPATH": os.pathsep.join(
+        p for p in (os.environ.get("PYTHONPATH"), os.path.join(REPO, "plugin"), os.path.join(REPO, "warmup")) if p)}
+    r = subprocess.run([sys.executable, __file__, "--child", mode, records], env=env, capture_output=True,
+                       text=True, timeout=300)
+    lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
+    if r.returncode != 0 or not lines:
+        return {"mode": mode, "error": f"exit {r.returncode}", "stderr_tail": r.stderr[-2000:]}
+    return json.loads(lines[-1])
+
+
+def main() -> int:
+    out_dir = os.environ.get("OUT") or tempfile.mkdtemp(prefix="cache-aot-check-")
+    work = tempfile.mkdtemp(prefix="cache-aot-")
+    records = os.path.join(work, "records.jsonl")
+    import torch
+    major, minor = torch.cuda.get_device_capability(0)
+    arch = f"{major}.{minor}"
+    t0 = time.perf_counter()
+    res: dict = {"gpu": torch.cuda.get_device_name(0), "arch": arch}
+    res["capture"] = run_child("capture", os.path.join(work, "capture-cache"), records)
+    n_records = sum(1 for _ in open(records)) if os.path.exists(records) else 0
+    res["records"] = n_records
+    aot_dir = os.path.join(work, "aot-cache")
+    bake = subprocess.run([sys.executable, "-m", "turingbox_warmup.aot", "--specs", records, "--arch", arch,
+                           "--cache-dir", aot_dir], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TRITON_CACHE_DIR": os.path.join(work, "unused")})
+    rows = [json.loads(l) for l in bake.stdout.splitlines() if l.startswith("{")]
+    res["aot_compile"] = {"exit": bake.returncode, "compiled": sum("hash" in r for r in rows),
+                          "hash_matches": sum(r.get("hash") == r.get("expected_hash") for r in rows),
+                          "errors": [r for r in rows if "error" in r] or bake.stderr[-1000:] or None}
+    res["load"] = run_child("load", aot_dir, records)
+    res["control"] = run_child("control", os.path.join(work, "control-cache"), records)
+    load, control = res["load"], res["control"]
+    res["ok"] = bool(n_records and bake.returncode == 0 and "error" not in load and load["compiles"] == 0
+                     and load["cache_loads"] == load["hook_events"] == n_records and load["files_written"] == 0
+                     and "error" not in control and control["compiles"] >= n_records)
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    os.makedirs(out_dir, exist_ok=True)
+    if n_records:   # commit as warmup/turingbox_warmup/aot_specs/*.jsonl to bake these kernels into the image
+        shutil.copy(records, os.path.join(out_dir, f"aot_specs-sm{arch.replace('.', '')}.jsonl"))
+    with open(os.path.join(out_dir, "cache_aot_check.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(json.dumps(res, indent=1))
+    return 0 if res["ok"] else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        print(json.dumps(child(sys.argv[2], sys.argv[3])), flush=True)
+        raise SystemExit(0)
+    raise SystemExit(main())
