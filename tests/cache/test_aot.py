@@ -125,3 +125,17 @@ def test_cli_compiles_captured_specs_for_several_archs(tmp_path, fresh_kernel):
     bad = subprocess.run([sys.executable, "-m", "turingbox_warmup.aot", "--specs", str(tmp_path / "none"),
                           "--cache-dir", str(tmp_path / "c")], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "bad input" in bad.stderr
+
+
+def test_a_launch_captured_by_the_hook_replays_to_the_same_kernel(tmp_path, fresh_kernel, monkeypatch):
+    """The GPU-side capture (Triton's real post-compile hook call) -> JSON line -> AOT compile elsewhere."""
+    from triton import knobs
+    records = str(tmp_path / "records.jsonl")
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", aot.capture_hook(records))
+    launched = launch_warmup(fresh_kernel, "9.0", str(tmp_path / "gpu-run-cache"), monkeypatch, launch_args())
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
+    [rec] = aot.load_specs(records)
+    assert rec["kernel"] == "aot_kernels:scale_copy_kernel"
+    rebuilt = aot.compile_aot(aot.resolve_kernel(rec["kernel"]), aot.record_from_json(rec["specialization"]), "9.0",
+                              str(tmp_path / "aot"))
+    assert rebuilt["hash"] == launched.hash

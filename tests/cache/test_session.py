@@ -204,3 +204,24 @@ def test_plan_without_cache_inputs_is_bad_input(tmp_path):
     from turingbox.errors import UsageError
     with pytest.raises(UsageError, match="cache_inputs"):
         cache.prepare_cache({"cache_key": "x"}, str(tmp_path))
+
+
+def test_a_new_entry_starts_with_the_ahead_of_time_kernels(tmp_path, plan):
+    aot_dir = tmp_path / "aot"
+    for h in ("HASHA", "HASHB"):
+        (aot_dir / h).mkdir(parents=True)
+        (aot_dir / h / "k.cubin").write_bytes(b"aot " + h.encode())
+        (aot_dir / h / "k.cubin").chmod(0o444)
+    env = {"TURINGBOX_AOT_TRITON_DIR": str(aot_dir)}
+    s = cache.prepare_cache(plan, str(tmp_path / "vol"), environ=env)
+    assert s.status["result"] == "miss" and s.status["aot_kernels"] == 2
+    triton_dir = s.env["TRITON_CACHE_DIR"]
+    assert open(os.path.join(triton_dir, "HASHB", "k.cubin"), "rb").read() == b"aot HASHB"
+    assert os.stat(os.path.join(triton_dir, "HASHB", "k.cubin")).st_mode & 0o200
+    # What the engine compiled in the same folder name wins (same content address): never overwritten.
+    open(os.path.join(triton_dir, "HASHA", "k.cubin"), "wb").write(b"engine")
+    s.finish(True)
+    hit = cache.prepare_cache(plan, str(tmp_path / "vol"), environ=env)
+    assert hit.status["result"] == "hit" and "aot_kernels" not in hit.status
+    assert open(os.path.join(triton_dir, "HASHA", "k.cubin"), "rb").read() == b"engine"
+    hit.finish(True)

@@ -173,7 +173,7 @@ def main() -> int:
                      TORCHINDUCTOR_CACHE_DIR=os.path.join(args.cache + "-plain", "inductor"),
                      FLASHINFER_WORKSPACE_BASE=os.path.join(args.cache + "-plain", "flashinfer"))
     for k, v in plan.get("env", {}).items():
-        if k not in ("CUDA_VISIBLE_DEVICES",):
+        if v is not None and k != "CUDA_VISIBLE_DEVICES" and not k.startswith("TURINGBOX_"):
             env_plain.setdefault(k, v)
     res["plain_argv"] = plain_args
 

@@ -68,7 +68,13 @@ CACHE_LOCK_WAIT = settings.declare(settings.Setting(
     parse=settings.positive_float,
     default=20.0,
 ))
-CACHE_SETTINGS = ("cache_dir", "baked_cache_dir", "cache_lock_wait")
+AOT_TRITON_DIR = settings.declare(settings.Setting(
+    name="aot_triton_dir",
+    help="Triton cache compiled ahead of time at image build (python -m turingbox_warmup.aot), copied into "
+         "the triton/ folder of every new cache entry",
+    default=None,
+))
+CACHE_SETTINGS = ("cache_dir", "baked_cache_dir", "cache_lock_wait", "aot_triton_dir")
 
 
 def utc_now() -> str:
@@ -266,10 +272,48 @@ def copy_entry(src: str, dst: str) -> None:
     staging = os.path.join(parent, f".staging-{os.path.basename(dst)}-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(src, staging, symlinks=True)
+    make_owner_writable(staging)
     if os.path.exists(dst):
         _swap(staging, dst)
     else:
         os.replace(staging, dst)
+
+
+def seed_aot_kernels(aot_dir: str, triton_dir: str) -> int:
+    """Copy AOT-compiled Triton cache folders that the entry lacks; returns the number of files copied.
+
+    Triton's cache folders are content-addressed (hash of source, specialization, target, options),
+    so a folder of the same name is the same kernel: never overwritten, never mixed."""
+    copied = 0
+    try:
+        names = sorted(os.listdir(aot_dir))
+    except OSError as exc:
+        log.warning("ahead-of-time Triton cache %s unreadable: %s", aot_dir, exc)
+        return 0
+    for name in names:
+        src, dst = os.path.join(aot_dir, name), os.path.join(triton_dir, name)
+        if not os.path.isdir(src) or os.path.exists(dst):
+            continue
+        tmp = f"{dst}.tmp-{os.getpid()}"
+        try:
+            shutil.copytree(src, tmp)
+            make_owner_writable(tmp)
+            os.replace(tmp, dst)
+            copied += sum(1 for _ in walk_files(dst))
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            log.warning("could not copy ahead-of-time kernel %s: %s", src, exc)
+    return copied
+
+
+def make_owner_writable(top: str) -> None:
+    """A copy of a baked (read-only, 0444/0555) entry must take the engine's new files."""
+    for dirpath, dirs, files in os.walk(top):
+        for name in [*dirs, *files]:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, os.stat(path).st_mode | 0o200)
+    os.chmod(top, os.stat(top).st_mode | 0o200)
 
 
 def _swap(staging: str, dst: str) -> None:
@@ -432,6 +476,7 @@ def _private_copy(key: str, sources: list[str | None], inputs: Mapping[str, Any]
             continue
         try:
             shutil.copytree(src, entry, symlinks=True)
+            make_owner_writable(entry)
             return entry, src
         except OSError as exc:
             log.warning("could not copy cache entry %s: %s", src, exc)
@@ -471,6 +516,12 @@ def prepare_cache(plan: Mapping[str, Any], cache_root: str | None = None, *, bak
     def session(mode: str, entry: str, result: str, source: str | None, lock=None, shared_root=None) -> CacheSession:
         for sub, _var in CACHES.values():
             os.makedirs(os.path.join(entry, sub), exist_ok=True)
+        if result == "miss" and resolved["aot_triton_dir"]:
+            added = seed_aot_kernels(resolved["aot_triton_dir"], os.path.join(entry, CACHES["triton"][0]))
+            status["aot_kernels"] = added
+            if added:
+                _event(status, logging.INFO, f"cache entry {key}: {added} ahead-of-time Triton files from "
+                       f"{resolved['aot_triton_dir']}")
         status.update(mode=mode, entry=entry, result=result, source=source,
                       caches=_per_cache(entry, result == "hit"))
         verdict = ", ".join(f"{k} {v}" for k, v in status["caches"].items())

@@ -60,12 +60,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     csub = cache_p.add_subparsers(dest="cache_command", metavar="ACTION")
     show = csub.add_parser("show", help="list entries: key, complete?, created, sizes, hits")
     show.add_argument("--json", action="store_true", help="machine-readable output")
-    settings.add_arguments(show, ("cache_dir",))
+    settings.add_arguments(show, ("cache_dir", "baked_cache_dir"))
     show.set_defaults(func=run_show)
     verify = csub.add_parser("verify", help="check manifests and files; exit 1 if an entry is corrupt")
     verify.add_argument("keys", nargs="*", metavar="KEY", help="entries to check (default: all)")
     verify.add_argument("--json", action="store_true", help="machine-readable output")
-    settings.add_arguments(verify, ("cache_dir",))
+    verify.add_argument("--baked", action="store_true", help="check the entries baked into the image instead")
+    settings.add_arguments(verify, ("cache_dir", "baked_cache_dir"))
     verify.set_defaults(func=run_verify)
     seed = csub.add_parser("seed", help="same as `turingbox warmup --seed-only`")
     seed.add_argument("--plan-json", metavar="FILE", help="use a saved plan instead of planning")
@@ -80,42 +81,69 @@ def _root(args) -> str:
     return os.path.abspath(settings.resolve(("cache_dir",), args)["cache_dir"])
 
 
-def describe_entries(root: str) -> list[dict[str, Any]]:
+def describe_entries(root: str, verify: bool = False) -> list[dict[str, Any]]:
     rows = []
     for key, manifest in cache.list_entries(root).items():
         m = manifest or {}
         sizes = m.get("sizes") or {}
-        rows.append({
+        row = {
             "key": key, "complete": bool(m.get("completed")) and not cache.manifest_problem(m, key),
             "created": m.get("created"), "completed": m.get("completed"), "hits": m.get("hits", 0),
             "source": m.get("source"), "sizes": sizes,
             "bytes": sum(int(s.get("bytes", 0)) for s in sizes.values() if isinstance(s, Mapping)),
             "manifest_ok": manifest is not None and cache.manifest_problem(m, key) is None,
-        })
+            "inputs": m.get("inputs"),
+        }
+        if verify:
+            row["problems"] = cache.entry_problems(cache.entry_dir(root, key), key, deep=True)
+            row["verified"] = not row["problems"]
+        rows.append(row)
     return rows
 
 
-def run_show(args) -> int:
-    root = _root(args)
-    if not os.path.isdir(root):
-        raise UsageError(f"The cache root {root} (cache_dir / TURINGBOX_CACHE_DIR) does not exist.")
-    rows = describe_entries(root)
-    if args.json:
-        print(json.dumps({"root": root, "entries": rows}, indent=2))
-        return 0
-    print(f"cache root {root}: {len(rows)} entr{'y' if len(rows) == 1 else 'ies'}")
+def _print_rows(rows: list[dict[str, Any]]) -> None:
     if rows:
         print(f"{'KEY':<18}{'COMPLETE':<10}{'CREATED':<22}{'HITS':>6}{'SIZE MiB':>10}  CACHES")
     for r in rows:
         state = "yes" if r["complete"] else ("corrupt" if not r["manifest_ok"] else "no")
+        if r.get("verified") is False and state == "yes":
+            state = "corrupt"
         per = " ".join(f"{k}={v.get('bytes', 0) / 2**20:.1f}" for k, v in r["sizes"].items())
         print(f"{r['key']:<18}{state:<10}{str(r['created'] or '-'):<22}{r['hits'] or 0:>6}"
               f"{r['bytes'] / 2**20:>10.1f}  {per}")
+
+
+def run_show(args) -> int:
+    values = settings.resolve(("cache_dir", "baked_cache_dir"), args)
+    root = os.path.abspath(values["cache_dir"])
+    baked = values["baked_cache_dir"]
+    if not os.path.isdir(root) and not (baked and os.path.isdir(baked)):
+        raise UsageError(f"The cache root {root} (cache_dir / TURINGBOX_CACHE_DIR) does not exist.")
+    rows = describe_entries(root) if os.path.isdir(root) else []
+    # Entries baked into the image (read-only layer): verified here, since nothing else checks them
+    # before a start copies one into the volume.
+    baked_rows = describe_entries(baked, verify=True) if baked and os.path.isdir(baked) else None
+    if args.json:
+        print(json.dumps({"root": root, "entries": rows,
+                          "baked": None if baked_rows is None else {"root": baked, "entries": baked_rows}},
+                         indent=2))
+        return 0
+    print(f"cache root {root}: {len(rows)} entr{'y' if len(rows) == 1 else 'ies'}")
+    _print_rows(rows)
+    if baked_rows is not None:
+        print(f"baked into the image at {baked} (read-only): {len(baked_rows)} entr{'y' if len(baked_rows) == 1 else 'ies'}")
+        _print_rows(baked_rows)
     return 0
 
 
 def run_verify(args) -> int:
-    root = _root(args)
+    if getattr(args, "baked", False):
+        baked = settings.resolve(("baked_cache_dir",), args)["baked_cache_dir"]
+        if not baked:
+            raise UsageError("--baked needs the setting baked_cache_dir (TURINGBOX_BAKED_CACHE_DIR).")
+        root = os.path.abspath(baked)
+    else:
+        root = _root(args)
     if not os.path.isdir(root):
         raise UsageError(f"The cache root {root} (cache_dir / TURINGBOX_CACHE_DIR) does not exist.")
     entries = cache.list_entries(root)
@@ -238,9 +266,31 @@ def engine_env(plan: Mapping[str, Any], cache_env: Mapping[str, str], runtime_di
 
 def _warm_engine(plan: Mapping[str, Any], session: cache.CacheSession, timeout: float, passthrough: list[str]) -> None:
     """Start vLLM with serve's own launcher (controller.vllm_argv + supervisor.Supervisor), wait until
-    it answers, check the workers' strict warmup, run the active warmup, stop it gracefully."""
+    it answers, check the workers' strict warmup, run the active warmup, stop it gracefully.
+
+    SIGTERM/SIGINT (a pod or job being stopped) cancel the run, so vLLM's whole process group is
+    stopped and the entry is left incomplete rather than orphaning the engine."""
     import asyncio
-    asyncio.run(_warm_engine_async(plan, session, timeout, passthrough))
+    import signal
+
+    async def guarded() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        received: list[int] = []
+
+        def interrupt(sig: int) -> None:
+            received.append(sig)
+            task.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, interrupt, sig)
+        try:
+            await _warm_engine_async(plan, session, timeout, passthrough)
+        except asyncio.CancelledError:
+            if received:
+                raise SeedFailed(f"Seeding cache entry {session.key} was interrupted by "
+                                 f"{signal.Signals(received[0]).name}; the entry stays incomplete.") from None
+            raise
+    asyncio.run(guarded())
 
 
 async def _warm_engine_async(plan, session, timeout, passthrough) -> None:
