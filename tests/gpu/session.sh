@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU machine: run the evidence phases one after another, detached (setsid) so that short `run` calls can
 # poll while it works.  Usage:  setsid nohup bash tests/gpu/session.sh PHASE... >/tmp/session.log 2>&1 &
-# Phases: gdn, cold, seeded, warm, gdnbench, tp2.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
+# Phases: smoke, gdn, cold, seeded, warm, gdnbench, tp2.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
 set -u
 source tests/gpu/bootstrap.sh
 R=/tmp/results; mkdir -p $R /tmp/session
@@ -12,6 +12,10 @@ for phase in "$@"; do
   echo "=== $phase start $(date +%T)"
   t0=$(date +%s)
   case $phase in
+    smoke)    # 4 layers, eager: the plugin worker, strict warmup, status files, active warmup and sidecar in ~1.5 min
+              [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
+              timeout 400 python3 tests/gpu/side_by_side.py --model /tmp/demo4 --phase smoke --gpus 0,0 --skip-plain \
+                --cache /tmp/tbcache-smoke --out $R --ready-limit 300 --extra "--enforce-eager" ;;
     gdn)      CUDA_VISIBLE_DEVICES=$other OUT=$R timeout 300 python3 tests/gpu/gdn_correctness.py > $R/gdn_correctness.txt 2>&1 ;;
     gdnbench) CUDA_VISIBLE_DEVICES=$other OUT=$R timeout 400 python3 tests/gpu/gdn_bench.py > $R/gdn_bench.txt 2>&1 ;;
     cold)     timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase cold --gpus $pair \
