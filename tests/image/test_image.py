@@ -1,0 +1,275 @@
+"""The appliance image, built from the real Dockerfile and run without a GPU (make test-image)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+import tomllib
+
+import httpx
+import pytest
+
+from conftest import REPO, docker, free_port, unique
+
+pytestmark = pytest.mark.docker
+
+FIXTURE_GPUS = os.path.join(REPO, "tests", "fixtures", "gpus")
+SEED_MACHINE = "4x2080ti-22g.json"
+UID = "10001"
+
+
+def project_version() -> str:
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["project"]["version"]
+
+
+def wait_http(url: str, want: int, timeout: float, name: str) -> httpx.Response:
+    """Poll url until it answers with status `want`; fail with the container's log otherwise."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = httpx.get(url, timeout=2.0)
+            if last.status_code == want:
+                return last
+        except httpx.HTTPError as exc:
+            last = exc
+        if docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip() != "true":
+            break
+        time.sleep(0.5)
+    logs = docker("logs", name, check=False)
+    pytest.fail(f"{url} never answered {want} (last: {last!r}); container log:\n"
+                f"{logs.stdout[-4000:]}\n{logs.stderr[-4000:]}")
+
+
+def assert_no_traceback(text: str) -> None:
+    assert "Traceback (most recent call last)" not in text, text[-4000:]
+
+
+# ---- what the image is -----------------------------------------------------------------------
+
+def test_entrypoint_user_health_volumes_and_labels(image_config):
+    cfg = image_config["Config"]
+    assert cfg["Entrypoint"] == ["tini", "--", "turingbox"]
+    assert cfg["Cmd"] == ["serve"]
+    assert cfg["User"].split(":")[0] == UID
+    assert set(cfg["Volumes"]) == {"/cache", "/models"}
+    assert "/health/live" in " ".join(cfg["Healthcheck"]["Test"])
+    labels = cfg["Labels"]
+    assert labels["org.opencontainers.image.version"] == project_version()
+    assert labels["org.opencontainers.image.base.name"]
+    env = dict(item.split("=", 1) for item in cfg["Env"])
+    assert env["TURINGBOX_CACHE_DIR"] == "/cache" and env["TURINGBOX_MODELS_DIR"] == "/models"
+    assert env["TRITON_PTXAS_PATH"].endswith("/ptxas")
+
+
+def test_labels_match_the_installed_stack(image, image_config):
+    labels = image_config["Config"]["Labels"]
+    code = ("import json, importlib.metadata as m; print(json.dumps({n: m.version(n) for n in "
+            "('vllm', 'torch', 'triton', 'flashinfer-python', 'turingbox', 'turingbox-plugin')}))")
+    r = docker("run", "--rm", "--entrypoint", "python3", image, "-c", code)
+    installed = json.loads(r.stdout)
+    assert installed["vllm"] == labels["org.turingbox.vllm.version"] == "0.21.0"
+    assert installed["torch"].split("+")[0] == labels["org.turingbox.torch.version"]
+    assert installed["triton"] == labels["org.turingbox.triton.version"]
+    assert installed["flashinfer-python"] == labels["org.turingbox.flashinfer.version"]
+    assert installed["turingbox"] == installed["turingbox-plugin"] == project_version()
+    # the lock is what got installed
+    with open(os.path.join(REPO, "requirements", "image-lock.txt")) as f:
+        lock = f.read()
+    for name in ("vllm", "torch", "triton", "flashinfer-python"):
+        assert f"\n{name}=={installed[name].split('+')[0]}\n" in lock
+
+
+def test_runs_as_non_root_and_build_ca_is_not_left_behind(image):
+    r = docker("run", "--rm", "--entrypoint", "sh", image, "-c",
+               "id -u; id -g; ls /usr/local/share/ca-certificates/; command -v tini; turingbox --version")
+    lines = r.stdout.split()
+    assert lines[0] == UID and lines[1] == UID
+    assert "turingbox-build-extra.crt" not in r.stdout
+    assert "tini" in r.stdout and project_version() in r.stdout
+
+
+def test_baked_sm75_triton_cache_is_present(image):
+    """The AOT step compiled kernels for every arch into /opt/turingbox/triton-cache, sm_75 included."""
+    code = r"""
+import glob, json, os, collections
+root = '/opt/turingbox/triton-cache'
+archs = collections.Counter()
+cubins = 0
+for meta in glob.glob(os.path.join(root, '*', '*.json')):
+    if os.path.basename(meta).startswith('__grp__'):
+        continue
+    with open(meta) as f:
+        data = json.load(f)
+    target = data.get('target') or {}
+    if target.get('backend') == 'cuda':
+        archs[target['arch']] += 1
+cubins = len(glob.glob(os.path.join(root, '*', '*.cubin')))
+print(json.dumps({'archs': archs, 'cubins': cubins, 'writable': os.access(root, os.W_OK)}))
+"""
+    r = docker("run", "--rm", "--entrypoint", "python3", image, "-c", code)
+    found = json.loads(r.stdout)
+    archs = {int(k): v for k, v in found["archs"].items()}
+    assert archs.get(75, 0) > 0, (
+        f"no sm_75 kernels baked ({found}): the Dockerfile's `turingbox_warmup.aot` step compiled nothing — "
+        "are captured specializations shipped in the turingbox_warmup package (aot_specs/*.jsonl)?")
+    assert set(archs) >= {75, 80, 86, 89, 90}, found
+    assert found["cubins"] >= sum(archs.values()), found
+    assert not found["writable"], "the baked cache should be a read-only layer for the runtime user"
+
+
+def test_demo_tokenizer_is_prebuilt(image):
+    r = docker("run", "--rm", "--entrypoint", "sh", image, "-c", "ls /models/.turingbox-tokenizer/*/")
+    assert "tokenizer.json" in r.stdout, r.stdout
+
+
+# ---- what it does without a GPU --------------------------------------------------------------
+
+def test_plan_for_the_seed_machine(image):
+    """`turingbox plan --gpus-json` for 4x RTX 2080 Ti 22 GB with the AWQ demo model, inside the image."""
+    with open(os.path.join(FIXTURE_GPUS, SEED_MACHINE)) as f:
+        gpus = json.load(f)
+    r = docker("run", "--rm", "-v", f"{FIXTURE_GPUS}:/fixtures:ro", "-e", "TURINGBOX_DEMO_AWQ=1",
+               image, "plan", "--gpus-json", f"/fixtures/{SEED_MACHINE}", "--json", timeout=600)
+    assert_no_traceback(r.stderr)
+    plan = json.loads(r.stdout)
+    assert plan["tensor_parallel_size"] == 4
+    assert plan["gpus"] == [g["uuid"] for g in sorted(gpus, key=lambda g: g["pci_bus_id"])]
+    assert plan["compute_capability"] == "7.5"
+    assert plan["attention_backend"] == "FLASHINFER"
+    assert plan["demo"] is True and plan["quantization"] == "awq"
+    assert plan["model"].startswith("/models/")
+    assert plan["vllm_args"][:2] == ["serve", plan["model"]]
+    # the fingerprint sees the image's real serving stack
+    assert plan["cache_inputs"]["software"]["vllm"] == "0.21.0"
+    assert plan["cache_key"]
+
+
+def test_serve_without_gpu_is_live_not_ready_and_stops_cleanly(image, container):
+    port = free_port()
+    name = container("-p", f"127.0.0.1:{port}:8000", image)
+    base = f"http://127.0.0.1:{port}"
+    live = wait_http(f"{base}/health/live", 200, 120, name)
+    assert live.json()["status"] == "alive"
+    ready = httpx.get(f"{base}/health/ready", timeout=5)
+    assert ready.status_code == 503
+    assert re.search(r"gpu", ready.text, re.IGNORECASE), ready.text   # names the reason
+    started = time.monotonic()
+    docker("stop", "-t", "60", name, timeout=120)                     # SIGTERM through tini
+    stop_s = time.monotonic() - started
+    state = json.loads(docker("inspect", "-f", "{{json .State}}", name).stdout)
+    logs = docker("logs", name)
+    assert state["ExitCode"] == 0, (state, logs.stdout[-3000:], logs.stderr[-3000:])
+    assert not state["OOMKilled"]
+    assert stop_s < 30, f"SIGTERM took {stop_s:.1f} s: it was not handled (killed at the timeout?)"
+    assert_no_traceback(logs.stdout + logs.stderr)
+
+
+def test_doctor_reports_failures_without_traceback(image):
+    r = docker("run", "--rm", image, "doctor", check=False, timeout=300)
+    assert r.returncode == 1, (r.returncode, r.stdout[-3000:], r.stderr[-3000:])
+    out = r.stdout + r.stderr
+    assert re.search(r"^\s*FAIL\b", out, re.MULTILINE), out[-3000:]
+    assert_no_traceback(out)
+
+
+def test_read_only_root_filesystem(image, container, volume):
+    """--read-only with writable /tmp, /cache, /models (as the Kubernetes manifests run it)."""
+    cache, models = volume(), volume()
+    mounts = ["--read-only", "--tmpfs", "/tmp", "-v", f"{cache}:/cache", "-v", f"{models}:/models"]
+    r = docker("run", "--rm", *mounts, image, "demo-model", timeout=300)
+    assert "demo model ready" in r.stdout, r.stdout + r.stderr
+    assert_no_traceback(r.stderr)
+    port = free_port()
+    name = container(*mounts, "-p", f"127.0.0.1:{port}:8000", image)
+    wait_http(f"http://127.0.0.1:{port}/health/live", 200, 120, name)
+    assert httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=5).status_code == 503
+    docker("stop", "-t", "60", name, timeout=120)
+    assert docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip() == "0"
+    logs = docker("logs", name)
+    assert "Read-only file system" not in logs.stdout + logs.stderr, logs.stderr[-3000:]
+
+
+# ---- compose ---------------------------------------------------------------------------------
+
+def compose_command() -> list[str]:
+    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    pytest.fail("compose.cpu.yaml needs Docker Compose v2 (`docker compose`); tools/ci/install-docker-tools.sh "
+                "installs it")
+
+
+def test_compose_cpu_override_up_healthy_down(image):
+    project = unique("turingbox-test")
+    port = free_port()
+    env = {**os.environ, "TURINGBOX_IMAGE": image, "TURINGBOX_PORT": str(port),
+           "TURINGBOX_BIND_ADDRESS": "127.0.0.1"}
+    compose = [*compose_command(), "-p", project, "-f", os.path.join(REPO, "compose.yaml"),
+               "-f", os.path.join(REPO, "compose.cpu.yaml")]
+    up = subprocess.run([*compose, "up", "-d"], capture_output=True, text=True, env=env, timeout=300)
+    try:
+        assert up.returncode == 0, up.stderr
+        cid = subprocess.run([*compose, "ps", "-q", "turingbox"], capture_output=True, text=True, env=env,
+                             check=True).stdout.strip()
+        deadline = time.monotonic() + 180
+        status = ""
+        while time.monotonic() < deadline:
+            status = docker("inspect", "-f", "{{.State.Health.Status}}", cid).stdout.strip()
+            if status in ("healthy", "unhealthy"):
+                break
+            time.sleep(1)
+        assert status == "healthy", docker("logs", cid, check=False).stderr[-3000:]
+        ready = httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=5)
+        assert ready.status_code == 503
+        mounts = {m["Destination"]: m for m in json.loads(docker("inspect", "-f", "{{json .Mounts}}", cid).stdout)}
+        assert mounts["/cache"]["Type"] == mounts["/models"]["Type"] == "volume"
+        host_config = json.loads(docker("inspect", "-f", "{{json .HostConfig}}", cid).stdout)
+        assert host_config["IpcMode"] == "host"
+        assert not host_config.get("DeviceRequests"), "the CPU override must drop the GPU reservation"
+    finally:
+        down = subprocess.run([*compose, "down", "-v", "--timeout", "60"], capture_output=True, text=True,
+                              env=env, timeout=300)
+    assert down.returncode == 0, down.stderr
+    left = docker("ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={project}").stdout.strip()
+    assert left == ""
+
+
+def test_compose_gpu_file_requests_gpus(image):
+    """Without the override, the service reserves NVIDIA GPUs (count from TURINGBOX_GPU_COUNT)."""
+    env = {**os.environ, "TURINGBOX_IMAGE": image, "TURINGBOX_GPU_COUNT": "2"}
+    r = subprocess.run([*compose_command(), "-f", os.path.join(REPO, "compose.yaml"), "config", "--format", "json"],
+                       capture_output=True, text=True, env=env, check=True)
+    service = json.loads(r.stdout)["services"]["turingbox"]
+    device = service["deploy"]["resources"]["reservations"]["devices"][0]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and int(device["count"]) == 2
+
+
+# ---- the plugin's tests that need vLLM, run where vLLM is installed ----------------------------
+
+# What the plugin tests need beyond the image (the dev extras they use), at this machine's versions.
+TEST_TOOLS = ("pytest", "pytest-timeout", "hypothesis", "matplotlib")
+
+
+def test_plugin_tests_pass_inside_the_image(image):
+    """tests/plugin inside the image, where vLLM 0.21.0 is importable (they skip those parts on the host)."""
+    from importlib.metadata import version
+    tag = f"{image}-pytest"
+    pins = " ".join(f"{name}=={version(name)}" for name in TEST_TOOLS)
+    dockerfile = (f"FROM {image}\nUSER root\n"
+                  "RUN PIP_CERT=/etc/ssl/certs/ca-certificates.crt pip install --no-cache-dir "
+                  f"--disable-pip-version-check {pins}\nUSER 10001:10001\n")
+    build = subprocess.run(["docker", "build", "-t", tag, "-"], input=dockerfile, capture_output=True, text=True,
+                           timeout=600, env={**os.environ, "DOCKER_BUILDKIT": "0"})
+    assert build.returncode == 0, build.stderr[-3000:]
+    mounts = ["-v", f"{REPO}/tests:/src/tests:ro", "-v", f"{REPO}/pyproject.toml:/src/pyproject.toml:ro"]
+    if os.path.isdir("/work/shared/models"):
+        mounts += ["-v", "/work/shared/models:/work/shared/models:ro"]
+    r = docker("run", "--rm", *mounts, "--tmpfs", "/tmp", "-w", "/src", "--entrypoint", "python3", tag,
+               "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/plugin", "-m", "not gpu and not docker",
+               "-o", "addopts=", check=False, timeout=900)
+    summary = r.stdout[-3000:]
+    assert r.returncode == 0, summary + r.stderr[-2000:]
+    assert re.search(r"\d+ passed", summary), summary
