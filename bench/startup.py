@@ -1,0 +1,506 @@
+#!/usr/bin/env python3
+"""Startup benchmark: plain `vllm serve` vs `turingbox serve`, on empty, seeded and warm caches.
+
+One phase per invocation, so each fits a 10-minute GPU call; state (caches, results) stays in
+--work (/tmp) between invocations:
+
+  empty   both servers on empty caches (fresh HOME / cache root);
+  seed    `turingbox warmup --seed-only` fills a fresh cache root in its own process (plain vLLM
+          has no seeding step: its analogue is the caches its `empty` run left behind);
+  seeded  those caches copied to a fresh path (a new volume), both servers started on the copy;
+  warm    both servers started again on the caches they just used (all warm);
+  report  only rewrite the JSON and the chart.
+
+Per server and phase: time to ready (plain: vLLM's /health and /v1/models answer; turingbox:
+/health/ready, which includes its warmup), a per-stage breakdown from the arrival time of vLLM's
+own log lines, the first request's TTFT and the median of the next three, and log evidence of
+work a warm start should not do (graphs compiled vs loaded, Triton autotuning, FlashInfer builds).
+With two GPUs (--gpus 0,1) the two servers start at the same time, one per GPU.
+
+Writes <out>/startup.json and <out>/startup.png (matplotlib, Agg), logs under <work>/logs/.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+PHASES = ("empty", "seed", "seeded", "warm")
+SERVERS = ("plain", "turingbox")
+# Removed from the inherited environment so each run gets exactly the caches the phase says.
+CACHE_ENV = ("TURINGBOX_CACHE_DIR", "TURINGBOX_BAKED_CACHE_DIR", "TURINGBOX_RUNTIME_DIR", "TURINGBOX_MODEL",
+             "TURINGBOX_VLLM_COMMAND", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+             "FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_AUTOTUNING", "VLLM_PLUGINS", "XDG_CACHE_HOME", "HOME")
+PROMPT = "Write a short story about a lighthouse keeper who discovers a message in a bottle."
+
+# (stage that ENDS at the first line containing the marker, marker), in startup order. The
+# breakdown is the time between consecutive markers that were seen (vLLM 0.21.0 messages).
+MARKERS = (
+    ("process start + import", "vLLM server version"),
+    ("engine process start", "Starting to load model"),
+    ("weights", "Model loading took"),
+    ("compile + profile", "Available KV cache memory"),
+    ("KV cache + CUDA graphs", "init engine (profile, create kv cache, warmup model) took"),
+)
+# Log evidence: name -> regex counted over the whole log.
+SIGNALS = {
+    "graphs_compiled": r"Compiling a graph for (compile range|dynamic shape)",
+    "graphs_loaded_from_cache": r"Directly load (the compiled graph|AOT compilation)",
+    "triton_autotuning": r"Triton autotuning for function",
+    "flashinfer_builds": r"(?i)flashinfer.*(ninja|building|compiling)",
+    "jit_after_ready": r"Triton kernel JIT compilation during inference",     # vLLM's jit_monitor
+}
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(port: int, path: str, timeout: float = 3.0) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        r.read()
+        return r.status
+    finally:
+        conn.close()
+
+
+def ttft(port: int, model: str, timeout: float) -> float:
+    """Seconds from sending a streaming chat request to its first content chunk."""
+    body = {"model": model, "stream": True, "max_tokens": 8, "temperature": 0.0,
+            "messages": [{"role": "user", "content": PROMPT}]}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    t0 = time.perf_counter()
+    try:
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+        r = conn.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
+        while True:
+            line = r.readline()
+            if not line:
+                raise RuntimeError("stream ended without content")
+            if line.startswith(b"data: {"):
+                delta = (json.loads(line[6:]).get("choices") or [{}])[0]
+                content = (delta.get("delta") or {})
+                if content.get("content") or content.get("reasoning_content") or content.get("reasoning") \
+                        or delta.get("text"):
+                    return time.perf_counter() - t0
+    finally:
+        conn.close()
+
+
+# ---- one server run ------------------------------------------------------------------------------
+
+class Run:
+    """A server process whose output lines are timestamped on arrival (seconds since its start)."""
+
+    def __init__(self, name: str, argv: list[str], env: dict, log_path: str) -> None:
+        self.name, self.argv, self.log_path = name, argv, log_path
+        self.lines: list[tuple[float, str]] = []
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        with open(self.log_path, "w", encoding="utf-8") as f:
+            for raw in iter(self.proc.stdout.readline, b""):
+                t = time.monotonic() - self.t0
+                text = raw.decode("utf-8", "replace").rstrip("\n")
+                self.lines.append((t, text))
+                f.write(f"{t:9.3f} {text}\n")
+                f.flush()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def first(self, needle: str) -> float | None:
+        for t, line in list(self.lines):
+            if needle in line:
+                return round(t, 3)
+        return None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        try:     # leftovers of the group (engine core, workers)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._reader.join(5)
+
+
+def wait_until(run: Run, checks: list[tuple[int, str]], deadline: float) -> float | None:
+    """Seconds since start when every (port, path) answered 200; None on exit or deadline."""
+    while time.monotonic() < deadline:
+        if run.proc.poll() is not None:
+            return None
+        try:
+            if all(http_get(port, path) == 200 for port, path in checks):
+                return round(run.elapsed(), 3)
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return None
+
+
+def breakdown(run: Run, upstream_s: float | None, ready_s: float | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    last = 0.0
+    for stage, needle in MARKERS:
+        t = run.first(needle)
+        if t is not None and t >= last:
+            out[stage] = round(t - last, 3)
+            last = t
+    if upstream_s is not None:
+        out["API server start"] = round(max(0.0, upstream_s - last), 3)
+        last = max(last, upstream_s)
+    if ready_s is not None and ready_s > last:
+        out["turingbox warmup + checks"] = round(ready_s - last, 3)
+    return out
+
+
+def signals(run: Run) -> dict[str, int]:
+    text = "\n".join(line for _, line in run.lines)
+    return {name: len(re.findall(rx, text)) for name, rx in SIGNALS.items()}
+
+
+def measure(run: Run, served: str, deadline: float, upstream_port: int, ready_checks: list[tuple[int, str]],
+            request_port: int) -> dict:
+    upstream = wait_until(run, [(upstream_port, "/health"), (upstream_port, "/v1/models")], deadline)
+    ready = upstream if upstream is None or ready_checks == [] else wait_until(run, ready_checks, deadline)
+    res: dict = {"ready_s": ready, "upstream_ready_s": upstream, "exit": run.proc.poll()}
+    if ready is None:
+        res["error"] = ("exited with " + str(run.proc.returncode)) if run.proc.poll() is not None else \
+            f"not ready within {deadline - run.t0:.0f} s"
+        res["last_lines"] = [line for _, line in run.lines[-15:]]
+    else:
+        try:
+            res["first_ttft_s"] = round(ttft(request_port, served, max(30.0, deadline - time.monotonic())), 4)
+            later = [ttft(request_port, served, 60.0) for _ in range(3)]
+            res["later_ttft_median_s"] = round(statistics.median(later), 4)
+        except (OSError, RuntimeError) as exc:
+            res["ttft_error"] = f"{type(exc).__name__}: {exc}"
+    res["stages_s"] = breakdown(run, upstream, ready)
+    res["log_signals"] = signals(run)
+    return res
+
+
+# ---- the benchmark -------------------------------------------------------------------------------
+
+class Bench:
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.work = os.path.abspath(a.work)
+        self.out = os.path.abspath(a.out)
+        self.gpus = [g.strip() for g in a.gpus.split(",") if g.strip()] or ["0"]
+        self.deadline = time.monotonic() + a.budget_s
+        self.results_path = os.path.join(self.work, "startup.json")
+        os.makedirs(os.path.join(self.work, "logs"), exist_ok=True)
+        os.makedirs(self.out, exist_ok=True)
+        self.vllm_program = shlex.split(a.vllm_command) if a.vllm_command else \
+            [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+        self.tb_args = shlex.split(a.turingbox_args)
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.work, *parts)
+
+    def base_env(self, gpu: str, home: str) -> dict:
+        env = {k: v for k, v in os.environ.items() if k not in CACHE_ENV}
+        os.makedirs(home, exist_ok=True)
+        env.update(HOME=home, XDG_CACHE_HOME=os.path.join(home, ".cache"), CUDA_VISIBLE_DEVICES=gpu,
+                   PYTHONUNBUFFERED="1", TRITON_PRINT_AUTOTUNING="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+        return env
+
+    def tb_env(self, gpu: str, root: str, tag: str) -> dict:
+        env = self.base_env(gpu, self.path("home", f"turingbox-{tag}"))
+        env.update(TURINGBOX_CACHE_DIR=root, TURINGBOX_RUNTIME_DIR=self.path("runtime", tag),
+                   TURINGBOX_MODEL=self.a.model)
+        if self.a.vllm_command:
+            env["TURINGBOX_VLLM_COMMAND"] = self.a.vllm_command
+        return env
+
+    def plain_env(self, gpu: str, home: str) -> dict:
+        """A user's plain `vllm serve`: default cache locations, all under a HOME of its own."""
+        env = self.base_env(gpu, home)
+        # Inductor's default is /tmp/torchinductor_<user>, outside HOME: keep it with the rest.
+        env.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(home, "torchinductor"), VLLM_PLUGINS="")
+        return env
+
+    def plan(self) -> dict:
+        cached = self.path("plan.json")
+        if os.path.exists(cached):
+            return json.load(open(cached))
+        env = self.tb_env(self.gpus[0], self.path("plan-root"), "plan")
+        out = subprocess.run([sys.executable, "-m", "turingbox", "plan", "--json", *self.tb_args], env=env,
+                             capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            raise SystemExit(f"bench: `turingbox plan` failed: {out.stderr.strip()[-500:]}")
+        plan = json.loads(out.stdout)
+        json.dump(plan, open(cached, "w"), indent=1)
+        return plan
+
+    def plain_argv(self, plan: dict, port: int) -> list[str]:
+        """The plan's vLLM argv without turingbox's worker class and additional config."""
+        args, skip = [], False
+        for arg in plan["vllm_args"]:
+            if skip:
+                skip = False
+            elif arg in ("--worker-cls", "--additional-config"):
+                skip = True
+            else:
+                args.append(arg)
+        return [*self.vllm_program, *args, "--host", "127.0.0.1", "--port", str(port)]
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    # -- runs
+
+    def start_plain(self, plan: dict, gpu: str, home: str, phase: str) -> tuple[Run, dict]:
+        port = free_port()
+        run = Run("plain", self.plain_argv(plan, port), self.plain_env(gpu, home),
+                  self.path("logs", f"{phase}-plain.log"))
+        return run, {"upstream_port": port, "ready_checks": [], "request_port": port}
+
+    def start_turingbox(self, gpu: str, root: str, phase: str) -> tuple[Run, dict]:
+        port, upstream = free_port(), free_port()
+        argv = [sys.executable, "-m", "turingbox", "serve", "--host", "127.0.0.1", "--port", str(port),
+                "--upstream-port", str(upstream), *self.tb_args]
+        run = Run("turingbox", argv, self.tb_env(gpu, root, phase), self.path("logs", f"{phase}-turingbox.log"))
+        return run, {"upstream_port": upstream, "ready_checks": [(port, "/health/ready")], "request_port": port}
+
+    def serve_pair(self, plan: dict, phase: str, plain_home: str, tb_root: str) -> dict:
+        served = plan.get("served_model_name") or plan["model"]
+        parallel = len(self.gpus) > 1
+        starters = [("turingbox", lambda gpu: self.start_turingbox(gpu, tb_root, phase)),
+                    ("plain", lambda gpu: self.start_plain(plan, gpu, plain_home, phase))]
+        if self.a.only:
+            starters = [s for s in starters if s[0] == self.a.only]
+        results: dict = {}
+        if parallel:
+            runs = [(name, *start(self.gpus[i])) for i, (name, start) in enumerate(starters)]
+            threads, out = [], {}
+            deadline = time.monotonic() + self.remaining() - 20
+            for name, run, ports in runs:
+                t = threading.Thread(target=lambda n=name, r=run, p=ports: out.__setitem__(
+                    n, measure(r, served, deadline, p["upstream_port"], p["ready_checks"], p["request_port"])))
+                t.start()
+                threads.append(t)
+            for t in threads:
+                t.join()
+            for name, run, _ in runs:
+                run.stop()
+                results[name] = out[name]
+        else:
+            for i, (name, start) in enumerate(starters):
+                # Sequential on one GPU: give each server its share of what is left.
+                share = (self.remaining() - 20) / (len(starters) - i)
+                run, ports = start(self.gpus[0])
+                try:
+                    results[name] = measure(run, served, time.monotonic() + share, ports["upstream_port"],
+                                            ports["ready_checks"], ports["request_port"])
+                finally:
+                    run.stop()
+        for name, r in results.items():
+            log(f"{phase}/{name}: ready {r.get('ready_s')} s, first TTFT {r.get('first_ttft_s')} s, "
+                f"signals {r.get('log_signals')}")
+        return {"parallel": parallel, **results}
+
+    def phase_empty(self, plan: dict) -> dict:
+        for d in ("plain-home", "tb-empty-root"):
+            shutil.rmtree(self.path(d), ignore_errors=True)
+        return self.serve_pair(plan, "empty", self.path("plain-home"), self.path("tb-empty-root"))
+
+    def phase_seed(self, plan: dict) -> dict:
+        root = self.path("seed-root")
+        shutil.rmtree(root, ignore_errors=True)
+        env = self.tb_env(self.gpus[0], root, "seed")
+        argv = [sys.executable, "-m", "turingbox", "warmup", "--seed-only",
+                "--warmup-timeout", str(max(60, int(self.remaining() - 30))), *self.tb_args]
+        run = Run("seed", argv, env, self.path("logs", "seed-turingbox.log"))
+        try:
+            run.proc.wait(timeout=max(10.0, self.remaining() - 10))
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            run.stop()
+        result_lines = [l for _, l in run.lines if l.startswith("turingbox-seed-result: ")]
+        res = {"exit": run.proc.returncode, "seconds": round(run.elapsed(), 3), "log_signals": signals(run),
+               "stages_s": breakdown(run, None, None)}
+        if result_lines:
+            res["result"] = json.loads(result_lines[-1].split(": ", 1)[1])
+        else:
+            res["last_lines"] = [l for _, l in run.lines[-15:]]
+        log(f"seed: exit {res['exit']} after {res['seconds']} s")
+        return {"turingbox": res}
+
+    def phase_seeded(self, plan: dict) -> dict:
+        if not os.path.isdir(self.path("seed-root")):
+            raise SystemExit("bench: run the seed phase first (no seed-root in the work directory).")
+        if not os.path.isdir(self.path("plain-home")) and self.a.only != "turingbox":
+            raise SystemExit("bench: run the empty phase first (plain vLLM's caches come from it).")
+        # A fresh path, as a new volume would be: copies, never the originals.
+        for src, dst in (("seed-root", "tb-seeded-root"), ("plain-home", "plain-seeded-home")):
+            shutil.rmtree(self.path(dst), ignore_errors=True)
+            if os.path.isdir(self.path(src)):
+                shutil.copytree(self.path(src), self.path(dst), symlinks=True)
+        return self.serve_pair(plan, "seeded", self.path("plain-seeded-home"), self.path("tb-seeded-root"))
+
+    def phase_warm(self, plan: dict) -> dict:
+        if not os.path.isdir(self.path("tb-seeded-root")):
+            raise SystemExit("bench: run the seeded phase first (warm reuses its caches).")
+        return self.serve_pair(plan, "warm", self.path("plain-seeded-home"), self.path("tb-seeded-root"))
+
+    # -- results
+
+    def load(self) -> dict:
+        try:
+            return json.load(open(self.results_path))
+        except (OSError, ValueError):
+            return {"phases": {}}
+
+    def save(self, results: dict) -> None:
+        results["criteria"] = criteria(results["phases"])
+        tmp = self.results_path + ".tmp"
+        json.dump(results, open(tmp, "w"), indent=1, default=str)
+        os.replace(tmp, self.results_path)
+        shutil.copy(self.results_path, os.path.join(self.out, "startup.json"))
+        logs_out = os.path.join(self.out, "startup-logs")
+        if self.a.copy_logs:
+            shutil.copytree(self.path("logs"), logs_out, dirs_exist_ok=True)
+        try:
+            chart(results["phases"], os.path.join(self.out, "startup.png"))
+        except Exception as exc:       # the JSON is the result; a chart problem must not lose it
+            log(f"chart not drawn: {type(exc).__name__}: {exc}")
+
+
+def criteria(phases: dict) -> dict:
+    """The issue's bar: seeded ready <= 1.1x warm and <= 0.3x empty, no compile/autotune/JIT in its log."""
+    def ready(phase: str) -> float | None:
+        return ((phases.get(phase) or {}).get("turingbox") or {}).get("ready_s")
+    seeded, warm, empty = ready("seeded"), ready("warm"), ready("empty")
+    out: dict = {"seeded_ready_s": seeded, "warm_ready_s": warm, "empty_ready_s": empty}
+    if seeded and warm:
+        out["seeded_over_warm"] = round(seeded / warm, 3)
+        out["seeded_le_1.1x_warm"] = seeded <= 1.1 * warm
+    if seeded and empty:
+        out["seeded_over_empty"] = round(seeded / empty, 3)
+        out["seeded_le_0.3x_empty"] = seeded <= 0.3 * empty
+    sig = ((phases.get("seeded") or {}).get("turingbox") or {}).get("log_signals")
+    if sig:
+        out["seeded_no_compile_autotune_jit"] = not (sig.get("graphs_compiled") or sig.get("triton_autotuning")
+                                                     or sig.get("flashinfer_builds") or sig.get("jit_after_ready"))
+    return out
+
+
+def chart(phases: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = []          # (label, stages dict, total, first ttft)
+    for phase in ("empty", "seeded", "warm"):
+        for server in SERVERS:
+            r = (phases.get(phase) or {}).get(server)
+            if r:
+                bars.append((f"{phase}\n{'vllm serve' if server == 'plain' else 'turingbox'}",
+                             r.get("stages_s") or {}, r.get("ready_s"), r.get("first_ttft_s")))
+    if not bars:
+        return
+    stage_names = [s for s, _ in MARKERS] + ["API server start", "turingbox warmup + checks"]
+    colors = plt.cm.tab10.colors
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 1]})
+    labelled: set[str] = set()
+    for i, (label, stages, total, _t) in enumerate(bars):
+        left = 0.0
+        for j, name in enumerate(stage_names):
+            w = stages.get(name, 0.0)
+            if w:
+                ax.barh(i, w, left=left, color=colors[j % 10], label=None if name in labelled else name)
+                labelled.add(name)
+                left += w
+        ax.text(left, i, (f" {total:.1f} s" if total < 100 else f" {total:.0f} s") if total else " not ready",
+                va="center", fontsize=8)
+    ax.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from process start to ready")
+    ax.set_title("Time to ready by stage (from log line arrival times)")
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, labels, fontsize=7, loc="lower right")
+    ttfts = [b[3] or 0 for b in bars]
+    ax2.barh(range(len(bars)), ttfts, color="gray")
+    ax2.set_yticks(range(len(bars)), ["" for _ in bars])
+    ax2.invert_yaxis()
+    ax2.set_xlabel("first request TTFT (s)")
+    for i, v in enumerate(ttfts):
+        ax2.text(v, i, f" {v:.3g} s", va="center", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--phase", required=True, choices=(*PHASES, "report"))
+    p.add_argument("--model", default="/tmp/demo", help="model directory (the demo model by default)")
+    p.add_argument("--gpus", default="0", help="one GPU (servers one after the other) or two (side by side)")
+    p.add_argument("--work", default="/tmp/turingbox-bench", help="caches, logs and results kept between phases")
+    p.add_argument("--out", default=os.environ.get("OUT") or "docs/img", help="where startup.json/.png go")
+    p.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget of this invocation")
+    p.add_argument("--vllm-command", default=None, help="program for vLLM (tests: a stand-in)")
+    p.add_argument("--turingbox-args", default="", help="extra flags for turingbox plan/serve/warmup")
+    p.add_argument("--only", choices=SERVERS, help="run only one of the two servers")
+    p.add_argument("--copy-logs", action="store_true", help="also copy the logs to <out>/startup-logs")
+    a = p.parse_args(argv)
+    bench = Bench(a)
+    results = bench.load()
+    if a.phase != "report":
+        log(f"phase {a.phase}: budget {a.budget_s:.0f} s, GPUs {bench.gpus}, work {bench.work}")
+        plan = bench.plan()
+        results.setdefault("plan", {k: plan.get(k) for k in (
+            "cache_key", "gpu_name", "tensor_parallel_size", "num_speculative_tokens", "max_model_len",
+            "attention_backend", "dtype", "kv_cache_dtype", "model")})
+        t0 = time.monotonic()
+        phase_result = getattr(bench, f"phase_{a.phase}")(plan)
+        phase_result["wall_s"] = round(time.monotonic() - t0, 1)
+        phase_result["date"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        results["phases"][a.phase] = phase_result
+    bench.save(results)
+    print(json.dumps({"phase": a.phase, "result": results["phases"].get(a.phase), "criteria": results["criteria"]},
+                     indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

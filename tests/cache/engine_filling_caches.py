@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""Stand-in engine for seeding tests: fills the caches it is pointed at, then becomes fake vLLM.
+
+Like a real vLLM start, it writes compiled artefacts into the directories named by the cache
+environment (VLLM_CACHE_ROOT, TRITON_CACHE_DIR, ...), so a test sees whether warmup handed the
+engine the entry's directories and whether the completed manifest indexes what the engine wrote.
+Then it exec()s tests/fakes/fake_vllm.py with the same argv (same pid: serve's supervisor and
+signals see one process).
+"""
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE_VLLM = os.path.join(os.path.dirname(HERE), "fakes", "fake_vllm.py")
+
+ARTEFACTS = {
+    "TRITON_CACHE_DIR": ("KERNELHASH/_zero_kv_blocks_kernel.cubin", b"\x7fELF" + b"\0" * 252),
+    "VLLM_CACHE_ROOT": ("torch_compile_cache/abc123/rank_0_0/backbone/artifact_shape_None_subgraph_0", b"G" * 512),
+    "TORCHINDUCTOR_CACHE_DIR": ("fxgraph/xy/entry", b"I" * 128),
+}
+
+
+def main() -> None:
+    written = {}
+    for var, (rel, data) in ARTEFACTS.items():
+        base = os.environ.get(var)
+        if not base:
+            continue
+        path = os.path.join(base, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        written[var] = path
+    # The autotune result FLA would persist when TRITON_CACHE_AUTOTUNING=1 reaches the engine.
+    if os.environ.get("TRITON_CACHE_AUTOTUNING") == "1" and os.environ.get("TRITON_CACHE_DIR"):
+        with open(os.path.join(os.environ["TRITON_CACHE_DIR"], "KERNELHASH", "chunk_fwd.autotune.json"), "w") as f:
+            json.dump({"key": [1], "configs_timings": [[{"num_warps": 4}, [0.1]]]}, f)
+    print(f"engine_filling_caches: wrote {json.dumps(written, sort_keys=True)}", flush=True)
+    os.execv(sys.executable, [sys.executable, FAKE_VLLM, *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""bench/startup.py's mechanics on CPU: every phase in order against a stand-in engine (real HTTP
+processes: fake vLLM behind engine_filling_caches.py, and the real `turingbox serve` / `warmup`).
+The numbers mean nothing here; what is checked is that each phase runs what it claims on the
+caches it claims, and that the JSON and the chart come out. The real run is `make bench-startup`
+on a GPU host."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from test_seed_e2e import H200, QWEN36_CONFIG
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENGINE = os.path.join(REPO, "tests", "cache", "engine_filling_caches.py")
+
+
+def bench(tmp_path, phase):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TURINGBOX_", "FAKE_VLLM_"))}
+    env.update(FAKE_VLLM_STAGE_SECONDS="0.1", TURINGBOX_ACTIVE_WARMUP="0")
+    return subprocess.run([sys.executable, os.path.join(REPO, "bench", "startup.py"), "--phase", phase,
+                           "--model", str(tmp_path / "model"), "--gpus", "0,1", "--work", str(tmp_path / "work"),
+                           "--out", str(tmp_path / "out"), "--budget-s", "60",
+                           "--vllm-command", f"{sys.executable} {ENGINE}", "--turingbox-args", f"--gpus-json {H200}"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+
+
+def test_all_phases_run_on_the_caches_they_claim_and_write_json_and_chart(tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    seeded_before = None
+    for phase in ("empty", "seed", "seeded", "warm"):
+        r = bench(tmp_path, phase)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        if phase == "seed":
+            seeded_before = sorted(os.listdir(tmp_path / "work" / "seed-root" / "entries"))
+    results = json.load(open(tmp_path / "out" / "startup.json"))
+    phases = results["phases"]
+    assert set(phases) == {"empty", "seed", "seeded", "warm"}
+    assert phases["seed"]["turingbox"]["exit"] == 0
+    key = phases["seed"]["turingbox"]["result"]["cache_key"]
+    assert key == results["plan"]["cache_key"] and seeded_before == [key]
+    for phase in ("empty", "seeded", "warm"):
+        assert phases[phase]["parallel"] is True
+        for server in ("plain", "turingbox"):
+            res = phases[phase][server]
+            assert res["ready_s"] > 0 and res["first_ttft_s"] > 0, (phase, server, res)
+            stages = res["stages_s"]
+            assert stages["weights"] >= 0.08 and stages["compile + profile"] >= 0.08   # FAKE_VLLM_STAGE_SECONDS
+            assert abs(sum(stages.values()) - res["ready_s"]) < 0.05          # the breakdown adds up
+    logs = tmp_path / "work" / "logs"
+    # turingbox: a miss on empty caches, a hit on the copied seed, a hit again when warm.
+    assert f"cache miss for {key}" in (logs / "empty-turingbox.log").read_text()
+    seeded_log = (logs / "seeded-turingbox.log").read_text()
+    assert f"cache hit for {key}" in seeded_log and str(tmp_path / "work" / "tb-seeded-root") in seeded_log
+    assert f"cache hit for {key}" in (logs / "warm-turingbox.log").read_text()
+    # The seed itself stays untouched (the copy took the hits); plain vLLM ran on its copied HOME.
+    seed_manifest = json.load(open(tmp_path / "work" / "seed-root" / "entries" / key / "manifest.json"))
+    copy_manifest = json.load(open(tmp_path / "work" / "tb-seeded-root" / "entries" / key / "manifest.json"))
+    assert seed_manifest["hits"] == 0 and copy_manifest["hits"] == 2
+    assert "--worker-cls" not in (logs / "empty-plain.log").read_text()
+    assert set(results["criteria"]) >= {"seeded_over_warm", "seeded_over_empty", "seeded_no_compile_autotune_jit"}
+    with open(tmp_path / "out" / "startup.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_phases_out_of_order_say_what_to_run_first(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    r = bench(tmp_path, "seeded")
+    assert r.returncode != 0 and "run the seed phase first" in r.stderr

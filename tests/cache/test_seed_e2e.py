@@ -1,0 +1,197 @@
+"""`turingbox warmup --seed-only` end to end on CPU: the real CLI, the real planner (GPU inventory
+from a fixture, the Qwen3.6-27B config), serve's launcher and supervisor, and a real HTTP engine
+process (tests/fakes/fake_vllm.py behind engine_filling_caches.py, which writes cache artefacts
+where the environment points it, as vLLM would)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import turingbox
+from turingbox_warmup import cache
+from turingbox_warmup.command import RESULT_PREFIX, STAGE_PREFIX, STAGES
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+ENGINE = os.path.join(HERE, "engine_filling_caches.py")
+H200 = os.path.join(REPO, "tests", "fixtures", "gpus", "1xh200.json")
+# The real architecture (same file as /work/shared/models/qwen3.6-27b.json, shipped as package data).
+QWEN36_CONFIG = os.path.join(os.path.dirname(turingbox.__file__), "data", "qwen3.6-27b.json")
+ARTEFACTS = ("triton/KERNELHASH/_zero_kv_blocks_kernel.cubin", "triton/KERNELHASH/chunk_fwd.autotune.json",
+             "vllm/torch_compile_cache/abc123/rank_0_0/backbone/artifact_shape_None_subgraph_0",
+             "inductor/fxgraph/xy/entry")
+
+pytest.importorskip("turingbox.plan.command", reason="the planner is part of the appliance")
+pytest.importorskip("turingbox.serve.controller", reason="seeding reuses serve's launcher")
+
+
+@pytest.fixture
+def box(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(QWEN36_CONFIG, model / "config.json")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TURINGBOX_", "FAKE_VLLM_"))}
+    env.update({
+        "TURINGBOX_VLLM_COMMAND": f"{sys.executable} {ENGINE}",
+        "TURINGBOX_CACHE_DIR": str(tmp_path / "cache"),
+        "TURINGBOX_RUNTIME_DIR": str(tmp_path / "runtime"),
+        "TURINGBOX_MODELS_DIR": str(tmp_path / "models"),
+        "TURINGBOX_GPUS_JSON": H200,
+        "TURINGBOX_MODEL": str(model),
+        "FAKE_VLLM_EVENTS": str(tmp_path / "events.jsonl"),
+        "PYTHONUNBUFFERED": "1",
+    })
+    return {"tmp": tmp_path, "env": env, "root": str(tmp_path / "cache")}
+
+
+def warmup(box, *args, extra_env=None, popen=False):
+    cmd = [sys.executable, "-m", "turingbox", "warmup", *args]
+    env = {**box["env"], **(extra_env or {})}
+    if popen:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90)
+
+
+def expected_plan(box):
+    from turingbox.plan.command import plan_from_args
+    return plan_from_args(None, box["env"])
+
+
+def stages_of(stdout):
+    return [l[len(STAGE_PREFIX):].split()[0] for l in stdout.splitlines() if l.startswith(STAGE_PREFIX)]
+
+
+def result_of(stdout):
+    lines = [l for l in stdout.splitlines() if l.startswith(RESULT_PREFIX)]
+    return json.loads(lines[-1][len(RESULT_PREFIX):]) if lines else None
+
+
+def engine_pids(box):
+    path = box["tmp"] / "events.jsonl"
+    if not path.exists():
+        return []
+    return [e["pid"] for e in map(json.loads, path.read_text().splitlines()) if e["event"] == "started"]
+
+
+def gone(pid, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # A zombie still answers kill(0); it is dead all the same.
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def assert_incomplete(box, key):
+    entry = cache.entry_dir(box["root"], key)
+    manifest = json.load(open(os.path.join(entry, "manifest.json")))
+    assert manifest["completed"] is None and manifest["key"] == key
+    assert not os.path.exists(os.path.join(entry, "index.json"))
+    assert cache.entry_problems(entry, key) == ["entry is incomplete (its manifest was never completed)"]
+    return manifest
+
+
+def test_seed_only_leaves_a_complete_verified_entry_that_serve_then_hits(box):
+    plan = expected_plan(box)
+    key = plan["cache_key"]
+    r = warmup(box, "--seed-only")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert stages_of(r.stdout) == list(STAGES)
+    assert "engine_filling_caches: wrote" in r.stdout          # the engine really ran
+    result = result_of(r.stdout)
+    assert result["cache_key"] == key and result["mode"] == "shared" and result["result"] == "miss"
+    assert result["gpu_name"] == "NVIDIA H200" and result["num_speculative_tokens"] == plan["num_speculative_tokens"]
+
+    entry = cache.entry_dir(box["root"], key)
+    manifest = json.load(open(os.path.join(entry, "manifest.json")))
+    assert manifest["completed"] and manifest["inputs"] == plan["cache_inputs"] and manifest["source"] == "seeded"
+    assert manifest["sizes"]["triton"]["files"] == 2 and manifest["sizes"]["vllm"] == {"files": 1, "bytes": 512}
+    index = json.load(open(os.path.join(entry, "index.json")))
+    assert set(ARTEFACTS) <= set(index)                          # what the engine wrote, under the entry
+    assert cache.entry_problems(entry, key, deep=True) == []
+    verify = subprocess.run([sys.executable, "-m", "turingbox", "cache", "verify", "--json"], env=box["env"],
+                            capture_output=True, text=True, timeout=60)
+    assert verify.returncode == 0 and json.loads(verify.stdout)["entries"][key]["ok"]
+    assert all(gone(pid) for pid in engine_pids(box))           # the engine was stopped
+
+    # What serve does next: the same plan finds a hit for every cache the engine filled.
+    session = cache.prepare_cache(plan, box["root"])
+    assert session.status["result"] == "hit" and session.status["caches"]["triton"] == "hit"
+    assert session.status["caches"]["vllm"] == "hit"
+    session.finish(True)
+
+    # Without --seed-only a complete entry is reported and no engine is started.
+    again = warmup(box)
+    assert again.returncode == 0 and stages_of(again.stdout) == ["plan", "cache", "complete"]
+    assert "engine_filling_caches" not in again.stdout and result_of(again.stdout)["result"] == "hit"
+
+
+@pytest.mark.parametrize("fault, value, sentence", [
+    ("fail-at", "compiling", "vLLM exited before it was ready (exit code 3)"),
+    ("plugin", "fail", "Strict warmup did not pass: worker 0 warmup failed: fake warmup failure"),
+    ("jit-after-ready", "rejection_greedy_sample_kernel=2",
+     "Strict warmup did not pass: worker 0 compiled after ready: rejection_greedy_sample_kernel"),
+])
+def test_a_failed_seed_leaves_the_entry_incomplete_and_says_why(box, fault, value, sentence):
+    key = expected_plan(box)["cache_key"]
+    r = warmup(box, "--seed-only", extra_env={"FAKE_VLLM_" + fault.upper().replace("-", "_"): value})
+    assert r.returncode == 1
+    errors = [l for l in r.stderr.splitlines() if l.startswith("turingbox: ")]
+    assert len(errors) == 1 and sentence in errors[0], r.stderr
+    assert "Traceback" not in r.stderr
+    assert "complete" not in stages_of(r.stdout) and result_of(r.stdout) is None
+    manifest = assert_incomplete(box, key)
+    assert manifest["attempts"] == 1
+    # What the engine compiled before failing is kept for the next attempt.
+    assert os.path.exists(os.path.join(cache.entry_dir(box["root"], key), ARTEFACTS[0]))
+    assert all(gone(pid) for pid in engine_pids(box))
+
+
+def test_a_seed_after_a_failed_one_resumes_and_completes_the_same_entry(box):
+    key = expected_plan(box)["cache_key"]
+    assert warmup(box, "--seed-only", extra_env={"FAKE_VLLM_FAIL_AT": "capturing"}).returncode == 1
+    assert_incomplete(box, key)
+    r = warmup(box, "--seed-only")
+    assert r.returncode == 0, r.stderr
+    assert "incomplete (attempt 2)" in r.stdout
+    manifest = json.load(open(os.path.join(cache.entry_dir(box["root"], key), "manifest.json")))
+    assert manifest["completed"] and manifest["attempts"] == 2
+
+
+def test_sigterm_during_a_seed_stops_the_engine_and_leaves_the_entry_incomplete(box):
+    key = expected_plan(box)["cache_key"]
+    proc = warmup(box, "--seed-only", extra_env={"FAKE_VLLM_STARTUP_SECONDS": "60"}, popen=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not engine_pids(box) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        pids = engine_pids(box)
+        assert pids, "the engine never started"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1
+    assert f"Seeding cache entry {key} was interrupted by SIGTERM; the entry stays incomplete." in err
+    assert "Traceback" not in err
+    assert stages_of(out)[-1] == "engine-stop"
+    assert gone(pids[0])
+    assert_incomplete(box, key)
