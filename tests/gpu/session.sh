@@ -15,7 +15,7 @@ for phase in "$@"; do
     smoke)    # 4 layers, eager: the plugin worker, strict warmup, status files, active warmup and sidecar in ~1.5 min
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
               timeout 400 python3 tests/gpu/side_by_side.py --model /tmp/demo4 --phase smoke --gpus 0,0 --skip-plain \
-                --cache /tmp/tbcache-smoke --out $R --ready-limit 300 --extra "--enforce-eager" ;;
+                --cache /tmp/tbcache-smoke --out $R --ready-limit 300 --extra=--enforce-eager ;;
     gdn)      CUDA_VISIBLE_DEVICES=$other OUT=$R timeout 300 python3 tests/gpu/gdn_correctness.py > $R/gdn_correctness.txt 2>&1 ;;
     gdnbench) CUDA_VISIBLE_DEVICES=$other OUT=$R timeout 400 python3 tests/gpu/gdn_bench.py > $R/gdn_bench.txt 2>&1 ;;
     cold)     timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase cold --gpus $pair \
@@ -28,7 +28,7 @@ for phase in "$@"; do
     warm)     timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase warm --gpus $pair \
                 --cache /tmp/tbcache-seeded --out $R ;;
     tp2)      timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp2 --gpus 0,0 --skip-plain \
-                --cache /tmp/tbcache-tp2 --out $R --extra "--tensor-parallel-size 2" ;;
+                --cache /tmp/tbcache-tp2 --out $R --extra="--tensor-parallel-size 2" ;;
     *)        echo "unknown phase $phase" ;;
   esac
   echo "=== $phase done rc=$? in $(( $(date +%s) - t0 )) s"
