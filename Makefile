@@ -34,19 +34,19 @@ plan: ## print the plan for this machine's GPUs (GPUS_JSON=file to simulate)
 	turingbox plan $(if $(GPUS_JSON),--gpus-json $(GPUS_JSON)) $(if $(MODEL),--model $(MODEL))
 
 image: ## build the appliance image (BASE_IMAGE=..., EXTRA_CA_CERT=path for TLS-intercepting proxies)
-	DOCKER_BUILDKIT=1 docker build -t $(IMAGE) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
+	tools/ci/docker-build.sh -t $(IMAGE) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
 	  $(if $(EXTRA_CA_CERT),--build-arg EXTRA_CA_CERT_B64=$$(base64 -w0 $(EXTRA_CA_CERT))) .
 
-test: test-unit test-image ## all tests (CPU unit/sidecar/planner tests, then the image)
+test: test-unit test-reliability test-image ## all tests: CPU unit/sidecar/planner/caches/plugin, reliability, then the image
 
 test-unit: ## planner, inventory, sidecar, signals, caches, plugin: no GPU, no Docker
-	@$(call run_pytest,tests -m "not docker and not gpu")
+	@$(call run_pytest,tests -m "not docker and not gpu and not slow" --ignore=tests/reliability)
 
-test-image: ## build the image on a local stand-in base and smoke-test it without a GPU
-	@$(call run_pytest,tests/image -m docker)
+test-image: ## build the image on a local stand-in base and smoke-test it without a GPU; bake from a cache entry
+	@$(call run_pytest,tests/image tests/cache -m docker)
 
-test-reliability: ## load, faults, bad input and security tests of the sidecar (no GPU)
-	@$(call run_pytest,tests/reliability)
+test-reliability: ## load, faults, bad input and security tests of the sidecar (no GPU; SLOW=1 for the full 60 s load)
+	@$(call run_pytest,tests/reliability -m "not gpu $(if $(SLOW),,and not slow)")
 
 lint: ## hadolint, yamllint, kubernetes-validate
 	hadolint Dockerfile
@@ -57,7 +57,7 @@ warmup-cache: ## seed the cache volume by running the image on this host's GPUs 
 	$(PYTHON) -m turingbox_warmup.seed_docker --image $(IMAGE)
 
 bake: ## an image with a seeded cache entry inside (FROM_VOLUME=... or FROM_DIR=...)
-	$(PYTHON) -m turingbox_warmup.bake --image $(IMAGE) $(if $(FROM_VOLUME),--from-volume $(FROM_VOLUME)) $(if $(FROM_DIR),--from-dir $(FROM_DIR))
+	$(PYTHON) -m turingbox_warmup.bake --image $(IMAGE) $(if $(FROM_VOLUME),--from-volume $(FROM_VOLUME)) $(if $(FROM_DIR),--from-dir $(FROM_DIR)) $(if $(GPUS_JSON),--gpus-json $(GPUS_JSON))
 
 bench-decode: ## decode tok/s against a running server (URL=http://localhost:8000)
 	turingbox bench decode --url $${URL:-http://localhost:8000} --json
@@ -65,8 +65,8 @@ bench-decode: ## decode tok/s against a running server (URL=http://localhost:800
 bench-prefill: ## TTFT vs prompt length regression against a running server, JSON + PNG
 	turingbox bench prefill --url $${URL:-http://localhost:8000} --json --plot docs/img/prefill.png
 
-bench-startup: ## GPU host: plain vllm serve vs turingbox serve, empty/seeded/warm caches
-	bash bench/startup.sh
+bench-startup: ## GPU host: plain vllm serve vs turingbox serve; PHASES="empty seed seeded warm report"
+	for p in $${PHASES:-empty seed seeded warm report}; do bash bench/startup.sh $$p || exit 1; done
 
 verify-sm75: ## compile every plugin kernel for sm_75 without a GPU; registers, shared memory, spills
 	turingbox verify --compile-only --arch 7.5 --json

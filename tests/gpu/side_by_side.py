@@ -89,8 +89,8 @@ def decode_tps(port: int, model: str, repeats: int = 5, max_tokens: int = 256) -
     return {"tok_s": rates, "median_tok_s": statistics.median(rates)}
 
 
-def wait_ready(port: int, path: str, proc: subprocess.Popen, limit: float) -> float | None:
-    t0 = time.perf_counter()
+def wait_ready(port: int, path: str, proc: subprocess.Popen, limit: float, t0: float) -> float | None:
+    """Seconds from the process's launch (t0) until `path` answers 200, or None."""
     while time.perf_counter() - t0 < limit:
         if proc.poll() is not None:
             return None
@@ -189,8 +189,11 @@ def main() -> int:
                "--port", "8200"]
         return subprocess.Popen(cmd, env=env_plain, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True), lf
 
+    launched: dict[str, float] = {}
+
     def measure(name: str, port: int, proc, ready_path: str, extra_ports=()):
-        t = wait_ready(port, ready_path, proc, args.ready_limit)
+        # Ready time counts from this server's own launch, even when it is measured after the other's.
+        t = wait_ready(port, ready_path, proc, args.ready_limit, launched[name])
         r = {"ready_s": t}
         log(f"{name} ready after {t}")
         if t is None:
@@ -217,9 +220,11 @@ def main() -> int:
         return r
 
     t_start = time.perf_counter()
+    launched["turingbox"] = time.perf_counter()
     tb, tb_log = start_tb()
     plain = None
     if not args.skip_plain and parallel:
+        launched["plain"] = time.perf_counter()
         plain, plain_log = start_plain()
     try:
         res["turingbox"] = measure("turingbox", 8000, tb, "/health/ready", extra_ports=[("direct_upstream", 8100)])
@@ -228,6 +233,7 @@ def main() -> int:
                                                if l.startswith("turingbox_jit_after_ready")]
         if plain is None and not args.skip_plain:
             stop(tb)
+            launched["plain"] = time.perf_counter()
             plain, plain_log = start_plain()
         if plain is not None:
             res["plain"] = measure("plain", 8200, plain, "/health", ())
