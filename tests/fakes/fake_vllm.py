@@ -14,6 +14,7 @@ variable FAKE_VLLM_NAME (upper case, '-' -> '_'):
   startup-seconds F   extra delay before loading starts: a slow start (0)
   chunks N            content chunks per response when the request sets no max_tokens (5)
   chunk-delay F       seconds before each chunk (0)
+  first-chunk-delay F seconds between the response headers and the first chunk: prefill (0)
   die-after-chunks N  exit in the middle of a stream after sending N chunks (0 = never)
   exit-code N         exit code when dying (3); die-signal N: kill itself with signal N instead
   fail-at STAGE       exit with an error during loading | compiling | capturing
@@ -40,7 +41,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 DEFAULTS = {
-    "stage-seconds": "0", "startup-seconds": "0", "chunks": "5", "chunk-delay": "0",
+    "stage-seconds": "0", "startup-seconds": "0", "chunks": "5", "chunk-delay": "0", "first-chunk-delay": "0",
     "die-after-chunks": "0", "exit-code": "3", "die-signal": "0", "fail-at": "", "control-dir": "",
     "events": "", "plugin": "ok", "jit-after-ready": "", "ignore-sigterm": "0", "sigterm-seconds": "0",
     "child": "0", "fail-requests": "0",
@@ -199,7 +200,7 @@ class Handler(BaseHTTPRequestHandler):
         if stream:
             self._stream(rid, chat, n, bool((body.get("stream_options") or {}).get("include_usage")))
         else:
-            time.sleep(float(O["chunk-delay"]) * n)
+            time.sleep(float(O["first-chunk-delay"]) + float(O["chunk-delay"]) * n)
             text = "".join(f"tok{i} " for i in range(n))
             choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
                       if chat else {"index": 0, "text": text, "finish_reason": "length"})
@@ -217,10 +218,13 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         delay = float(O["chunk-delay"])
+        first_delay = float(O["first-chunk-delay"])
         die_after = int(O["die-after-chunks"])
         sent = 0
         try:
             for i in range(n):
+                if i == 0 and first_delay:
+                    time.sleep(first_delay)
                 if delay:
                     time.sleep(delay)
                 if client_gone(self.connection):

@@ -14,7 +14,19 @@ import pytest
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FAKE_VLLM = os.path.join(REPO, "tests", "fakes", "fake_vllm.py")
 TTFT_SERVER = os.path.join(os.path.dirname(__file__), "ttft_server.py")
-REAL_CONFIG = "/work/shared/models/qwen3.6-27b.json"
+def _real_config() -> str:
+    """The published Qwen3.6-27B config.json (shared/models), as the appliance ships it."""
+    in_repo = os.path.join(REPO, "entrypoint", "turingbox", "data", "qwen3.6-27b.json")
+    if os.path.isfile(in_repo):
+        return in_repo
+    try:  # inside the image only tests/ is mounted; the installed appliance carries the same file
+        import importlib.resources
+        return str(importlib.resources.files("turingbox") / "data" / "qwen3.6-27b.json")
+    except (ImportError, ModuleNotFoundError):
+        return "/work/shared/models/qwen3.6-27b.json"
+
+
+REAL_CONFIG = _real_config()
 
 
 def free_port() -> int:
