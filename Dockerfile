@@ -112,6 +112,8 @@ RUN pip install --no-deps --no-index --no-cache-dir --disable-pip-version-check 
 # Triton and ptxas (the cache key includes both), into a read-only layer the runtime consults.
 ARG TRITON_AOT_ARCHS=7.5,8.0,8.6,8.9,9.0
 RUN python -m turingbox_warmup.aot --arch "${TRITON_AOT_ARCHS}" --cache-dir /opt/turingbox/triton-cache
+# Each new cache entry starts with these kernels (turingbox_warmup.cache copies them in).
+ENV TURINGBOX_AOT_TRITON_DIR=/opt/turingbox/triton-cache
 
 # Non-root user; group 0 may write the volumes too (OpenShift-style arbitrary UIDs).
 RUN groupadd --gid 10001 turingbox \

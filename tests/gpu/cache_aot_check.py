@@ -16,6 +16,19 @@ JIT -- in several specializations):
   4. control: the same launches on an empty cache, proving the compile counter sees compiles.
 Prints one JSON object (also $OUT/cache_aot_check.json); "ok" is true when the load process
 compiled nothing, loaded every kernel from the AOT directory and wrote nothing there.
+
+It then diffs the captured records against the ones the image ships (turingbox_warmup/aot_specs/
+*.jsonl, derived from vLLM's source, not captured): "shipped_diff" lists captured specializations
+no shipped record covers ("missing_from_shipped": these would JIT at run time in the image).
+
+    python3 tests/gpu/cache_aot_check.py --engine      # + ~6-10 min: the real first-request kernels
+
+--engine also starts `vllm serve` with this machine's `turingbox plan` (its vllm_args, without the
+plugin's worker/config so only vLLM's own launches are seen) on the demo model (dummy weights), with a
+sitecustomize hook capturing every Triton kernel every process compiles or loads, sends greedy
+and sampled requests at batch 1 and 3, stops it, and diffs the vLLM kernels' captures with the
+shipped records ("engine": {..., "shipped_diff": ...}; records in $OUT/engine-records-sm90.jsonl).
+An empty "missing_from_shipped" there is the evidence that the derived specs match real launches.
 """
 from __future__ import annotations
 
@@ -52,12 +65,16 @@ def launches() -> list[str]:
         draft = torch.randint(0, 1000, (batch * k,), dtype=torch.int32, device="cuda")
         target = draft.to(torch.int64)
         bonus = torch.randint(0, 1000, (batch,), dtype=torch.int32, device="cuda")
+        # As vLLM's rejection_sample: a batch that is not all greedy has a bool is_greedy and float64
+        # uniform probs; an all-greedy batch has neither.
         is_greedy = torch.ones(batch, dtype=torch.bool, device="cuda") if with_is_greedy else None
-        rejection_greedy_sample_kernel[(batch,)](out, cu, draft, target, bonus, is_greedy, k, None, None,
+        uniform = torch.rand(batch * k, dtype=torch.float64, device="cuda") if with_is_greedy else None
+        bonus = bonus.view(batch, 1)
+        rejection_greedy_sample_kernel[(batch,)](out, cu, draft, target, bonus, is_greedy, k, uniform, None,
                                                  SYNTHETIC_MODE=False)
         torch.cuda.synchronize()
         # Every draft equals the target argmax: all accepted, then the bonus token.
-        assert out[:, :k].tolist() == draft.view(batch, k).tolist() and out[:, k].tolist() == bonus.tolist()
+        assert out[:, :k].tolist() == draft.view(batch, k).tolist() and out[:, k].tolist() == bonus.view(-1).tolist()
         done.append(f"rejection_greedy_sample_kernel[is_greedy={'tensor' if with_is_greedy else 'None'}]")
     return done
 
@@ -110,6 +127,125 @@ def run_child(mode: str, cache_dir: str, records: str) -> dict:
     return json.loads(lines[-1])
 
 
+# ---- captured vs shipped ------------------------------------------------------------------------
+
+VLLM_KERNELS = {"_zero_kv_blocks_kernel", "_compute_slot_mapping_kernel", "eagle_prepare_next_token_padded_kernel",
+                "eagle_step_slot_mapping_metadata_kernel", "eagle_prepare_inputs_padded_kernel",
+                "rejection_greedy_sample_kernel", "_copy_page_indices_kernel"}
+
+
+def shipped_diff(records_path: str, kernels: set[str]) -> dict:
+    """Captured specializations vs the shipped aot_specs, for `kernels`; prints the mismatches."""
+    from turingbox_warmup import aot
+    shipped = [rec for path in aot.packaged_specs() for rec in aot.load_specs(path)]
+    diff = aot.diff_records(aot.load_specs(records_path), shipped, kernels)
+    for ident in diff["missing_from_shipped"]:
+        print("NOT SHIPPED (would JIT in the image):", json.dumps(ident), file=sys.stderr)
+    diff["covered"] = len(diff["covered"])
+    return diff
+
+
+SITECUSTOMIZE = """
+import os
+try:
+    from triton import knobs
+    from turingbox_warmup import aot
+    knobs.runtime.jit_post_compile_hook = aot.capture_hook(
+        os.path.join(os.environ["TURINGBOX_CAPTURE_DIR"], "records-%d.jsonl" % os.getpid()))
+except Exception as exc:  # never break the process being observed
+    print("capture hook not installed:", exc)
+"""
+
+
+def engine_capture(work: str, out_dir: str, arch: str) -> dict:
+    """`vllm serve` with this machine's plan; every Triton launch of every process is captured."""
+    import glob
+    import http.client
+    import socket
+    import threading
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (os.path.join(REPO, "entrypoint"), os.path.join(REPO, "warmup"), os.path.join(REPO, "plugin"),
+                    os.environ.get("PYTHONPATH")) if p)}
+    plan_run = subprocess.run([sys.executable, "-m", "turingbox", "plan", "--json"], env=env, capture_output=True,
+                              text=True, timeout=300)
+    if plan_run.returncode != 0:
+        return {"error": "turingbox plan failed", "stderr_tail": plan_run.stderr[-2000:]}
+    plan = json.loads(plan_run.stdout)
+    argv = list(plan["vllm_args"])
+    for flag in ("--worker-cls", "--additional-config"):     # vLLM's own launches only
+        if flag in argv:
+            i = argv.index(flag)
+            del argv[i:i + 2]
+    model = argv[1]
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        demo = [sys.executable, "-m", "turingbox", "demo-model", model] + (["--awq"] if plan.get("quantization") else [])
+        subprocess.run(demo, env=env, check=True, timeout=900)
+    site = os.path.join(work, "site")
+    capture_dir = os.path.join(work, "engine-records")
+    os.makedirs(site, exist_ok=True)
+    os.makedirs(capture_dir, exist_ok=True)
+    with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+        f.write(SITECUSTOMIZE)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    eng_env = {**env, "PYTHONPATH": site + os.pathsep + env["PYTHONPATH"], "TURINGBOX_CAPTURE_DIR": capture_dir,
+               "TRITON_CACHE_DIR": os.path.join(work, "engine-triton"), "VLLM_CACHE_ROOT": os.path.join(work, "vllm"),
+               **{k: v for k, v in (plan.get("env") or {}).items() if v is not None and k != "CUDA_VISIBLE_DEVICES"}}
+    log_path = os.path.join(out_dir, "engine-vllm.log")
+    os.makedirs(out_dir, exist_ok=True)
+    t0 = time.perf_counter()
+    res: dict = {"vllm_args": argv, "requests": []}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli.main", *argv, "--port", str(port)], env=eng_env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            ready = False
+            while time.perf_counter() - t0 < 1500 and proc.poll() is None:
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                    conn.request("GET", "/health")
+                    ready = conn.getresponse().status == 200
+                    conn.close()
+                except OSError:
+                    pass
+                if ready:
+                    break
+                time.sleep(3)
+            res["ready_s"] = round(time.perf_counter() - t0, 1) if ready else None
+            if not ready:
+                res["error"] = f"vllm not ready (exit {proc.poll()}), log {log_path}"
+            else:
+                def complete(temperature: float, i: int):
+                    body = {"model": plan["served_model_name"], "prompt": f"Count to {20 + i}:", "max_tokens": 48,
+                            "temperature": temperature, "ignore_eos": True}
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+                    conn.request("POST", "/v1/completions", body=json.dumps(body),
+                                 headers={"Content-Type": "application/json"})
+                    res["requests"].append({"temperature": temperature, "status": conn.getresponse().status})
+                    conn.close()
+                for temps in ([0.0], [0.7], [0.0, 0.0, 0.0], [0.0, 0.7, 0.7]):   # batch 1 and 3, greedy and mixed
+                    threads = [threading.Thread(target=complete, args=(t, i)) for i, t in enumerate(temps)]
+                    for th in threads:
+                        th.start()
+                    for th in threads:
+                        th.join()
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    merged = os.path.join(out_dir, f"engine-records-sm{arch.replace('.', '')}.jsonl")
+    with open(merged, "w") as out:
+        for path in sorted(glob.glob(os.path.join(capture_dir, "records-*.jsonl"))):
+            with open(path) as f:
+                out.write(f.read())
+    res["records"] = sum(1 for _ in open(merged))
+    res["shipped_diff"] = shipped_diff(merged, VLLM_KERNELS) if res["records"] else None
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    return res
+
+
 def main() -> int:
     out_dir = os.environ.get("OUT") or tempfile.mkdtemp(prefix="cache-aot-check-")
     work = tempfile.mkdtemp(prefix="cache-aot-")
@@ -136,6 +272,10 @@ def main() -> int:
     res["ok"] = bool(n_records and bake.returncode == 0 and "error" not in load and load["compiles"] == 0
                      and load["cache_loads"] == load["hook_events"] == n_records and load["files_written"] == 0
                      and "error" not in control and control["compiles"] >= n_records)
+    res["shipped_diff"] = shipped_diff(records, {"rejection_greedy_sample_kernel", "scaled_copy_kernel"}) \
+        if n_records else None
+    if "--engine" in sys.argv:
+        res["engine"] = engine_capture(work, out_dir, arch)
     res["seconds"] = round(time.perf_counter() - t0, 1)
     os.makedirs(out_dir, exist_ok=True)
     if n_records:   # commit as warmup/turingbox_warmup/aot_specs/*.jsonl to bake these kernels into the image

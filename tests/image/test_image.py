@@ -92,12 +92,18 @@ def test_runs_as_non_root_and_build_ca_is_not_left_behind(image):
     assert "tini" in r.stdout and project_version() in r.stdout
 
 
-def test_baked_sm75_triton_cache_is_present(image):
-    """The AOT step compiled kernels for every arch into /opt/turingbox/triton-cache, sm_75 included."""
+BAKED_KERNELS = {"_zero_kv_blocks_kernel", "_compute_slot_mapping_kernel", "eagle_prepare_next_token_padded_kernel",
+                 "eagle_step_slot_mapping_metadata_kernel", "eagle_prepare_inputs_padded_kernel",
+                 "rejection_greedy_sample_kernel", "_copy_page_indices_kernel", "scaled_copy_kernel"}
+
+
+def test_baked_sm75_triton_cache_is_present(image, image_config):
+    """The AOT step compiled vLLM 0.21's first-request kernels and the plugin's for every arch, sm_75
+    included, into a read-only /opt/turingbox/triton-cache that new cache entries start from."""
     code = r"""
 import glob, json, os, collections
 root = '/opt/turingbox/triton-cache'
-archs = collections.Counter()
+kernels = collections.defaultdict(lambda: collections.Counter())
 cubins = 0
 for meta in glob.glob(os.path.join(root, '*', '*.json')):
     if os.path.basename(meta).startswith('__grp__'):
@@ -106,19 +112,25 @@ for meta in glob.glob(os.path.join(root, '*', '*.json')):
         data = json.load(f)
     target = data.get('target') or {}
     if target.get('backend') == 'cuda':
-        archs[target['arch']] += 1
-cubins = len(glob.glob(os.path.join(root, '*', '*.cubin')))
-print(json.dumps({'archs': archs, 'cubins': cubins, 'writable': os.access(root, os.W_OK)}))
+        kernels[target['arch']][data['name']] += 1
+        cubins += os.path.isfile(meta[:-len('.json')] + '.cubin')
+print(json.dumps({'kernels': kernels, 'cubins': cubins, 'writable': os.access(root, os.W_OK)}))
 """
     r = docker("run", "--rm", "--entrypoint", "python3", image, "-c", code)
     found = json.loads(r.stdout)
-    archs = {int(k): v for k, v in found["archs"].items()}
-    assert archs.get(75, 0) > 0, (
+    kernels = {int(arch): names for arch, names in found["kernels"].items()}
+    assert kernels.get(75), (
         f"no sm_75 kernels baked ({found}): the Dockerfile's `turingbox_warmup.aot` step compiled nothing — "
-        "are captured specializations shipped in the turingbox_warmup package (aot_specs/*.jsonl)?")
-    assert set(archs) >= {75, 80, 86, 89, 90}, found
-    assert found["cubins"] >= sum(archs.values()), found
+        "are the specializations shipped in the turingbox_warmup package (aot_specs/*.jsonl)?")
+    for arch in (75, 80, 86, 89, 90):
+        missing = BAKED_KERNELS - set(kernels.get(arch, {}))
+        assert not missing, f"sm_{arch} lacks baked {sorted(missing)}"
+    # several specializations per kernel (batch-size classes, plans, greedy and mixed sampling)
+    assert kernels[75]["rejection_greedy_sample_kernel"] >= 2 and kernels[75]["_zero_kv_blocks_kernel"] >= 3
+    assert found["cubins"] == sum(sum(n.values()) for n in kernels.values()), found
     assert not found["writable"], "the baked cache should be a read-only layer for the runtime user"
+    env = dict(e.split("=", 1) for e in image_config["Config"]["Env"])
+    assert env.get("TURINGBOX_AOT_TRITON_DIR") == "/opt/turingbox/triton-cache"
 
 
 def test_demo_tokenizer_is_prebuilt(image):

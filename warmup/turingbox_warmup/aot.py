@@ -20,7 +20,9 @@ Specializations come from two places:
     and plan (e.g. `_zero_kv_blocks_kernel`'s N_SEGS / PAGE_SIZE_EL), capture once, replay for every arch.
 
 CLI (runs in the Docker build, where vLLM is installed):
-    python -m turingbox_warmup.aot --specs specs.json --arch 7.5,8.0,8.6,8.9,9.0 --cache-dir DIR
+    python -m turingbox_warmup.aot [--specs specs.jsonl] --arch 7.5,8.0,8.6,8.9,9.0 --out DIR
+Without --specs it compiles the records shipped in aot_specs/*.jsonl (derived from vLLM 0.21's
+launch sites for turingbox's plans by aot_specs/derive.py; see the comment line of each file).
 """
 from __future__ import annotations
 
@@ -46,14 +48,84 @@ def gpu_target(arch: str):
     return GPUTarget("cuda", major * 10 + minor, 32)
 
 
-def resolve_kernel(qualname: str):
-    """`package.module:kernel_name` -> the JITFunction (unwrapping autotune/heuristics wrappers)."""
-    from triton.runtime.jit import JITFunction
+def resolve_kernel(qualname: str, source_roots: Mapping[str, str] | None = None):
+    """`package.module:kernel_name` -> the JITFunction (unwrapping autotune/heuristics wrappers).
+
+    The module is imported (the runtime's own function object). Where that import fails in a
+    GPU-less build (a module that probes the device at import), the kernel is loaded from the
+    module's source file instead: same source, same line numbers, so the same cache key.
+    `source_roots` ({"vllm": "/path/to/vllm"}) names source trees of packages that are not
+    installed here (a CPU test machine with vLLM's source checked out)."""
     module, _, name = qualname.partition(":")
-    fn = getattr(importlib.import_module(module), name)
+    top, _, rest = module.partition(".")
+    if source_roots and top in source_roots:
+        path = os.path.join(source_roots[top], *rest.split(".")) + ".py" if rest else \
+            os.path.join(source_roots[top], "__init__.py")
+        fn = load_kernel_from_source(path, name, module)
+    else:
+        try:
+            imported = importlib.import_module(module)
+            fn = getattr(imported, name)
+            if not _unwrap_jit(fn):
+                # vLLM without a visible GPU swaps triton.jit for a placeholder that returns the plain
+                # function (vllm/triton_utils/importing.py): read the kernel from the module's file.
+                print(f"aot: {module}.{name} is not a Triton kernel in this process (no GPU driver?); "
+                      f"loading it from {imported.__file__}", file=sys.stderr)
+                fn = load_kernel_from_source(imported.__file__, name, module)
+        except Exception as exc:  # noqa: BLE001 - any import-time failure: fall back to the source
+            from importlib.util import find_spec
+            try:
+                spec = find_spec(module)
+            except ImportError:
+                spec = None
+            if spec is None or not spec.origin:
+                raise exc from None
+            print(f"aot: import {module} failed ({exc.__class__.__name__}: {exc}); loading {name} from "
+                  f"{spec.origin}", file=sys.stderr)
+            fn = load_kernel_from_source(spec.origin, name, module)
+    jit = _unwrap_jit(fn)
+    if jit is None:
+        raise TypeError(f"{qualname} is not a Triton kernel")
+    return jit
+
+
+def _unwrap_jit(fn):
+    """The JITFunction under autotune/heuristics wrappers, or None for anything else."""
+    from triton.runtime.jit import JITFunction
     while not isinstance(fn, JITFunction):
-        fn = fn.fn
+        fn = getattr(fn, "fn", None)
+        if fn is None:
+            return None
     return fn
+
+
+def load_kernel_from_source(path: str, name: str, module: str):
+    """The `@triton.jit` function `name` defined in the Python file `path`, without importing the file.
+
+    Only that definition (decorators included) is executed, with `triton` and `tl` as globals and
+    its original file name and line numbers, so Triton reads the same source lines and starting
+    line as from the imported module: the JITFunction's cache key is identical. Kernels whose body
+    uses other module globals (constants, helper jit functions) are refused: those would be missing."""
+    import ast
+
+    import triton
+    import triton.language as tl
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    if not defs:
+        raise LookupError(f"{path} defines no top-level function {name}")
+    node = defs[0]
+    namespace: dict[str, Any] = {"__name__": module, "__file__": path, "triton": triton, "tl": tl}
+    params = {a.arg for a in node.args.args + node.args.kwonlyargs}
+    used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    local = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    import builtins
+    missing = sorted(used - params - local - set(namespace) - set(dir(builtins)))
+    if missing:
+        raise LookupError(f"{module}:{name} uses module globals {missing}; import the module instead")
+    exec(compile(ast.Module(body=[node], type_ignores=[]), path, "exec"), namespace)  # noqa: S102
+    return namespace[name]
 
 
 @dataclass
@@ -180,23 +252,85 @@ def packaged_specs() -> list[str]:
 
 
 def load_specs(path: str) -> list[dict[str, Any]]:
-    """JSON list or JSON lines of {"kernel": "module:name", "specialization": {...}}."""
+    """JSON list or JSON lines of {"kernel": "module:name", "specialization": {...}, ...}.
+
+    Objects without "kernel" are comments (the shipped files start with one saying how they
+    were derived) and are skipped; extra keys on a record ("launch", "plans") are notes."""
     with open(path, encoding="utf-8") as f:
         text = f.read().strip()
-    if text.startswith("["):
-        return json.loads(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    records = json.loads(text) if text.startswith("[") else \
+        [json.loads(line) for line in text.splitlines() if line.strip()]
+    for rec in records:
+        if "kernel" in rec and not isinstance(rec.get("specialization"), dict):
+            raise ValueError(f"{path}: record for {rec['kernel']} has no specialization object")
+    return [rec for rec in records if "kernel" in rec]
+
+
+def record_identity(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides the compiled kernel (hence its cache entry), minus the arch and the capture key:
+    compares a GPU capture with a shipped record. Options keep only what a launch passes."""
+    spec = rec["specialization"]
+    return {"kernel": rec["kernel"].rsplit(":", 1)[-1],
+            "signature": spec["signature"],
+            "constants": sorted(zip((tuple(k) for k in spec["constant_keys"]),
+                                    (json.dumps(v, sort_keys=True) for v in spec["constant_vals"]))),
+            "attrs": sorted(zip((tuple(k) for k in spec["attrs_keys"]),
+                                (json.dumps(v) for v in spec["attrs_vals"]))),
+            "options": _launch_options_with_defaults(spec["options"])}
+
+
+def _launch_options_with_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A capture carries every parsed option, a derived record only what the launch passed: compare
+    both with the backend's defaults filled in (debug/instrumentation come from the environment)."""
+    import dataclasses
+
+    from triton.backends.nvidia.compiler import CUDAOptions
+    defaults = {f.name: f.default for f in dataclasses.fields(CUDAOptions)
+                if f.default is not dataclasses.MISSING}
+    keep = [k for k in LAUNCH_OPTIONS if k not in ("debug", "instrumentation_mode")]
+    return {k: options.get(k, defaults.get(k)) for k in keep}
+
+
+def diff_records(captured: Iterable[Mapping[str, Any]], shipped: Iterable[Mapping[str, Any]],
+                 kernels: Iterable[str] | None = None) -> dict[str, Any]:
+    """Captured launches that no shipped record covers (these would compile at run time) and
+    shipped records no capture used, restricted to `kernels` (bare names) when given."""
+    wanted = set(kernels) if kernels is not None else None
+
+    def keyed(records):
+        out = {}
+        for rec in records:
+            ident = record_identity(rec)
+            if wanted is None or ident["kernel"] in wanted:
+                out[json.dumps(ident, sort_keys=True, default=str)] = ident
+        return out
+    cap, ship = keyed(captured), keyed(shipped)
+    return {"captured": len(cap), "shipped": len(ship),
+            "covered": sorted(cap.keys() & ship.keys()),
+            "missing_from_shipped": [cap[k] for k in sorted(cap.keys() - ship.keys())],
+            "shipped_not_captured": [ship[k] for k in sorted(ship.keys() - cap.keys())]}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m turingbox_warmup.aot", description=__doc__.splitlines()[0])
     p.add_argument("--specs", action="append", default=None,
-                   help="captured specializations (JSON list or JSON lines; repeatable); default: the "
-                        f"files shipped in {PACKAGED_SPECS} (from tests/gpu/cache_aot_check.py captures)")
+                   help="specializations (JSON list or JSON lines; repeatable); default: the files shipped "
+                        f"in {PACKAGED_SPECS} (derived by aot_specs/derive.py; GPU captures "
+                        "from tests/gpu/cache_aot_check.py use the same format)")
     p.add_argument("--arch", default=",".join(ARCHS), help="comma-separated compute capabilities")
-    p.add_argument("--cache-dir", required=True, help="Triton cache directory to fill (the baked layer)")
+    p.add_argument("--cache-dir", "--out", dest="cache_dir", required=True,
+                   help="Triton cache directory to fill (the baked layer)")
+    p.add_argument("--source", action="append", default=[], metavar="PACKAGE=DIR",
+                   help="load PACKAGE's kernels from the source tree DIR instead of importing it "
+                        "(e.g. vllm=/src/vllm on a machine without vLLM installed); repeatable")
     a = p.parse_args(argv)
     try:
+        source_roots = {}
+        for item in a.source:
+            pkg, sep, root = item.partition("=")
+            if not sep or not pkg or not os.path.isdir(root):
+                raise ValueError(f"--source {item!r} is not PACKAGE=EXISTING_DIR")
+            source_roots[pkg] = root
         archs = [x.strip() for x in a.arch.split(",") if x.strip()]
         for arch in archs:
             gpu_target(arch)
@@ -212,8 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     seen = set()
     for rec in specs:
-        fn = resolve_kernel(rec["kernel"])
-        spec = record_from_json(rec["specialization"])
+        try:
+            fn = resolve_kernel(rec["kernel"], source_roots)
+            spec = record_from_json(rec["specialization"])
+        except Exception as exc:  # a kernel that cannot be found is a failure, not the end of the bake
+            failures += 1
+            print(json.dumps({"name": rec["kernel"], "error": f"{exc.__class__.__name__}: {exc}"}), flush=True)
+            continue
         for arch in archs:
             ident = (rec["kernel"], json.dumps(rec["specialization"], sort_keys=True, default=str), arch)
             if ident in seen:
