@@ -13,7 +13,7 @@ def cli(*args, root=None):
     env = {**os.environ}
     if root is not None:
         env["TURINGBOX_CACHE_DIR"] = str(root)
-    return subprocess.run([sys.executable, "-m", "turingbox_warmup.command", *args],
+    return subprocess.run([sys.executable, "-m", "turingbox", *args],
                           capture_output=True, text=True, env=env, timeout=60)
 
 

@@ -342,28 +342,3 @@ async def _warm_engine_async(plan, session, timeout, passthrough) -> None:
     finally:
         stage("engine-stop")
         await engine.stop(15.0)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (python -m turingbox_warmup.command ...), same exit codes as `turingbox`."""
-    parser = argparse.ArgumentParser(prog="turingbox")
-    register(parser.add_subparsers(dest="command", metavar="COMMAND"))
-    argv = list(sys.argv[1:] if argv is None else argv)
-    passthrough: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, passthrough = argv[:i], argv[i + 1:]
-    try:
-        args = parser.parse_args(argv)
-        args.vllm_passthrough = passthrough
-        if not getattr(args, "func", None):
-            parser.print_help()
-            return 2
-        return int(args.func(args) or 0)
-    except UsageError as exc:
-        print(f"turingbox: {exc}", file=sys.stderr)
-        return exc.exit_code
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
