@@ -9,8 +9,10 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade 
   2>&1 | grep -v -E "^WARNING: Target directory|already exists" || true
 # The sm_75+ GDN kernels: built once per machine with nvcc (about a minute), found through TURINGBOX_GDN_LIB.
 export TURINGBOX_GDN_LIB=/tmp/gdnlib/libturingbox_gdn.so
-if [ ! -f "$TURINGBOX_GDN_LIB" ]; then
-  GDN_LIB_OUT=$TURINGBOX_GDN_LIB JOBS=8 bash plugin/build_gdn.sh >/tmp/gdn-build.log 2>&1 || echo "GDN build failed: see /tmp/gdn-build.log"
+gdn_sum=$(cat plugin/turingbox_plugin/csrc/* | sha256sum | cut -d' ' -f1)   # content: mtimes change every call
+if [ "$(cat /tmp/gdnlib/libturingbox_gdn.sha256 2>/dev/null)" != "$gdn_sum" ]; then
+  GDN_LIB_OUT=$TURINGBOX_GDN_LIB JOBS=8 bash plugin/build_gdn.sh >/tmp/gdn-build.log 2>&1 \
+    && echo "$gdn_sum" > /tmp/gdnlib/libturingbox_gdn.sha256 || echo "GDN build failed: see /tmp/gdn-build.log"
 fi
 [ -d /tmp/demo ] || python3 -m turingbox demo-model /tmp/demo
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader

@@ -26,8 +26,12 @@ def out_dir() -> Path:
 
 def ensure_library(force: bool = False) -> dict:
     """Build plugin/turingbox_plugin/lib/libturingbox_gdn.so here unless a fresh one exists."""
-    srcs = list((PLUGIN / "turingbox_plugin" / "csrc").glob("*"))
-    fresh = LIB.is_file() and LIB.stat().st_mtime >= max(p.stat().st_mtime for p in srcs)
+    srcs = sorted((PLUGIN / "turingbox_plugin" / "csrc").glob("*"))
+    # Content, not mtime: each device call re-sends the checkout, which makes every source look new.
+    import hashlib
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in srcs)).hexdigest()
+    stamp = LIB.with_suffix(".sha256")
+    fresh = LIB.is_file() and stamp.is_file() and stamp.read_text().strip() == digest
     if fresh and not force:
         return {"built": False, "path": str(LIB)}
     t0 = time.time()
@@ -38,6 +42,7 @@ def ensure_library(force: bool = False) -> dict:
                           text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError("build_gdn.sh failed:\n" + proc.stdout[-2000:] + proc.stderr[-4000:])
+    stamp.write_text(digest)
     return {"built": True, "path": str(LIB), "seconds": round(time.time() - t0, 1),
             "archs": env["ARCHS"]}
 
