@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return int(args.func(args) or 0)
     except errors as exc:
-        print(f"turingbox: {exc}", file=sys.stderr)
+        # One line whatever the input held: a path or value with a line break must not split it.
+        print("turingbox: " + " ".join(str(exc).split()), file=sys.stderr)
         return getattr(exc, "exit_code", 2)
     except KeyboardInterrupt:
         return 130

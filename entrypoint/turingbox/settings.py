@@ -47,6 +47,9 @@ def declare(setting: Setting) -> Setting:
 
 # ---- value parsers: each raises ValueError with a short reason ----------------------------
 
+MAX_INT = 2**31 - 1  # beyond any count vLLM takes; keeps float maths in the planner finite
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(str(text).strip())
@@ -54,6 +57,8 @@ def positive_int(text: str) -> int:
         raise ValueError("must be a whole number") from None
     if value <= 0:
         raise ValueError("must be a positive whole number")
+    if value > MAX_INT:
+        raise ValueError(f"must be at most {MAX_INT}")
     return value
 
 
@@ -64,6 +69,8 @@ def non_negative_int(text: str) -> int:
         raise ValueError("must be a whole number") from None
     if value < 0:
         raise ValueError("must be zero or a positive whole number")
+    if value > MAX_INT:
+        raise ValueError(f"must be at most {MAX_INT}")
     return value
 
 

@@ -15,6 +15,8 @@ variable FAKE_VLLM_NAME (upper case, '-' -> '_'):
   chunks N            content chunks per response when the request sets no max_tokens (5)
   chunk-delay F       seconds before each chunk (0)
   first-chunk-delay F seconds between the response headers and the first chunk: prefill (0)
+  role-chunk 1        chat streams start like vLLM's: a role-only chunk (content "") written right
+                      before the first content chunk, as two writes (0)
   die-after-chunks N  exit in the middle of a stream after sending N chunks (0 = never)
   exit-code N         exit code when dying (3); die-signal N: kill itself with signal N instead
   fail-at STAGE       exit with an error during loading | compiling | capturing
@@ -41,7 +43,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 DEFAULTS = {
-    "stage-seconds": "0", "startup-seconds": "0", "chunks": "5", "chunk-delay": "0", "first-chunk-delay": "0",
+    "stage-seconds": "0", "startup-seconds": "0", "chunks": "5", "chunk-delay": "0", "first-chunk-delay": "0", "role-chunk": "0",
     "die-after-chunks": "0", "exit-code": "3", "die-signal": "0", "fail-at": "", "control-dir": "",
     "events": "", "plugin": "ok", "jit-after-ready": "", "ignore-sigterm": "0", "sigterm-seconds": "0",
     "child": "0", "fail-requests": "0",
@@ -169,6 +171,25 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, {"error": {"message": f"no route {self.path}", "type": "NotFoundError", "code": 404}})
 
+    def _not_allowed(self):
+        """What vLLM's FastAPI app answers to other methods: 405 on its routes, 404 elsewhere."""
+        path = self.path.partition("?")[0]
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        if path in ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions"):
+            self._json(405, {"detail": "Method Not Allowed"})
+        else:
+            self._json(404, {"detail": "Not Found"})
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = _not_allowed
+
+    def do_HEAD(self):
+        self.send_response(405 if self.path.partition("?")[0] in ("/health", "/v1/models") else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def do_POST(self):
         hang_if_asked()
         length = int(self.headers.get("Content-Length") or 0)
@@ -231,6 +252,11 @@ class Handler(BaseHTTPRequestHandler):
                     event("cancelled", id=rid, chunks_sent=sent)
                     self.close_connection = True
                     return
+                if chat and i == 0 and O["role-chunk"] not in ("0", ""):
+                    role = {"id": f"cmpl-fake-{rid}", "object": "chat.completion.chunk", "created": int(time.time()),
+                            "model": O["served"], "fake_seq": -1, "choices": [
+                                {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+                    self._chunk(b"data: " + json.dumps(role).encode() + b"\n\n")
                 if chat:
                     delta = {"content": f"tok{i} "} if i else {"role": "assistant", "content": "tok0 "}
                     choice = {"index": 0, "delta": delta, "finish_reason": "length" if i == n - 1 else None}
@@ -306,9 +332,11 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, on_sigterm)
     log("INFO", "utils.py:286", f"vLLM server version 0.21.0 (fake), serving model {O['model']}")
     # vLLM logs its non-default args, secrets included: serve must mask them in what it passes on.
-    log("INFO", "utils.py:240", f"non-default args: {{'model': {O['model']!r}, 'api_key': {O['api_key']!r}}}")
+    log("INFO", "utils.py:240", f"non-default args: {{'model': {O['model']!r}, 'api_key': {O['api_key']!r}, "
+                                f"'hf_token': {flag_value(argv, '--hf-token')!r}}}")
     # Like vLLM 0.21 (setup_server before the engine starts): the port is bound and listening at
     # once, but requests wait unanswered until the engine is up.
+    ThreadingHTTPServer.request_queue_size = 2048      # uvicorn's backlog (http.server's default is 5)
     server = ThreadingHTTPServer((O["host"], O["port"]), Handler)
     server.daemon_threads = True
     if O["child"] not in ("0", ""):

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import httpx
 import uvicorn
@@ -35,11 +35,12 @@ from turingbox.errors import PlanError, UsageError
 from turingbox.serve import stages
 from turingbox.serve.metrics import ServeMetrics, gpu_uuids_of
 from turingbox.serve.options import ServeOptions
-from turingbox.serve.sidecar import ServeState, Sidecar
+from turingbox.serve.sidecar import ServeState, Sidecar, limited_protocol
 from turingbox.serve.supervisor import Supervisor, describe_exit
 
 log = logging.getLogger("turingbox.serve")
 
+KEEPALIVE_S = 65
 EXIT_UPSTREAM_FAILED = 1        # vLLM died, or startup after launching it failed
 VLLM_MODULE = ("-m", "vllm.entrypoints.cli.main")
 # vLLM flags whose value is a secret (masked in logs and in /turingbox/plan).
@@ -106,6 +107,20 @@ def public_plan(plan: dict, secrets: list[str]) -> dict:
     return json.loads(text)
 
 
+def secret_values(api_key: str | None, argv: list[str], env: Mapping[str, str]) -> list[str]:
+    """Every secret serve knows of: the API key, values of secret vLLM flags in argv, and values of
+    secret-looking environment variables (long enough not to mask ordinary words)."""
+    found = [api_key] if api_key else []
+    for flag in SECRET_FLAGS:
+        for i, arg in enumerate(argv):
+            if arg == flag and i + 1 < len(argv):
+                found.append(argv[i + 1])
+            elif arg.startswith(flag + "="):
+                found.append(arg.split("=", 1)[1])
+    found += [v for k, v in env.items() if _SECRET_ENV.search(k) and len(v) >= 8]
+    return sorted({s for s in found if s})
+
+
 def make_redactor(secrets: list[str]) -> Callable[[str], str]:
     secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
 
@@ -158,9 +173,13 @@ def free_loopback_port() -> int:
 
 def bind_public(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose proto says TCP
+    # (uvloop always does). Without it, Nagle holds a small SSE chunk written right after another
+    # until the client's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
         sock.listen(2048)
     except OSError as exc:
@@ -220,6 +239,23 @@ def _in_daemon_thread(fn: Callable, *args: Any) -> asyncio.Future:
     return fut
 
 
+def _finish_session(session: Any, ok: bool) -> None:
+    try:
+        session.finish(ok)
+    except Exception as exc:
+        log.warning("could not finish the cache entry: %s", exc)
+
+
+def http_protocol(options: ServeOptions):
+    """httptools with the head limit and deadline (see sidecar.limited_protocol); h11 (whose own
+    h11_max_incomplete_event_size bounds the head) where httptools is missing."""
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return "h11"
+    return limited_protocol(options.max_header_bytes, options.client_timeout_seconds)
+
+
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handlers: the controller owns SIGTERM/SIGINT."""
 
@@ -240,7 +276,7 @@ class Controller:
         self.plan_fn = plan_fn
         self.passthrough = passthrough
         self.upstream_key = flag_value(passthrough, "--api-key")
-        self.secrets = [s for s in (options.api_key, self.upstream_key) if s]
+        self.secrets = secret_values(options.api_key, passthrough, os.environ)
         self.redact = make_redactor(self.secrets)
         self.tracker = stages.StartupTracker(on_change=self._stage_changed)
         self.state = ServeState(tracker=self.tracker, options=options, upstream_api_key=self.upstream_key)
@@ -292,9 +328,13 @@ class Controller:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.on_signal, sig)
-        config = uvicorn.Config(self.sidecar.app, lifespan="off", log_config=None, log_level="warning",
-                                access_log=False, timeout_keep_alive=5, timeout_graceful_shutdown=3,
-                                server_header=False)
+        config = uvicorn.Config(self.sidecar, lifespan="off", log_config=None, log_level="warning",
+                                # Idle client connections are kept longer than clients keep them in their
+                                # pools (httpx 5 s, aiohttp 15 s, load balancers 60 s): the client retires
+                                # a connection first, never writes a request into one the sidecar is closing.
+                                access_log=False, timeout_keep_alive=KEEPALIVE_S, timeout_graceful_shutdown=3,
+                                server_header=False, http=http_protocol(self.options),
+                                h11_max_incomplete_event_size=self.options.max_header_bytes)
         self.server = _Server(config)
         server_task = asyncio.create_task(self.server.serve(sockets=[sock]), name="sidecar")
         host, port = sock.getsockname()[:2]
@@ -326,7 +366,7 @@ class Controller:
             self.server.should_exit = True
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server_task, timeout=10)
-            await self.sidecar.client.aclose()
+            await self.sidecar.aclose()
         return code
 
     async def _cancel(self, task: asyncio.Task) -> None:
@@ -406,6 +446,10 @@ class Controller:
             self.tracker.fail(f"Planning failed: {type(exc).__name__}: {exc}.")
             return
         self.raw_plan = plan
+        self.secrets = sorted(set(self.secrets) | set(secret_values(None, [str(a) for a in plan.get("vllm_args", [])],
+                                                                    {k: str(v) for k, v in (plan.get("env") or {}).items()
+                                                                     if v is not None})))
+        self.redact = self.supervisor.redact = make_redactor(self.secrets)
         self.state.plan = public_plan(plan, self.secrets)
         log.info("plan %s", json.dumps(self.state.plan, sort_keys=True, separators=(",", ":")))
         for reason in plan.get("reasons", []):
@@ -449,7 +493,10 @@ class Controller:
         self.state.upstream_url = base
         self.state.startup_ok = True
         self.tracker.advance(stages.READY)
-        self._finish_cache(True)
+        # Completing the cache entry walks every file of it: not on the loop that proxies requests.
+        session, self.cache_session = self.cache_session, None
+        if session is not None:
+            _in_daemon_thread(_finish_session, session, True)
         log.info("ready after %.1f s (stages: %s)", self.tracker.ready_after_s,
                  ", ".join(f"{k} {v:.1f} s" for k, v in self.tracker.durations.items()))
         await self._probe_upstream(base)
@@ -473,10 +520,7 @@ class Controller:
     def _finish_cache(self, ok: bool) -> None:
         session, self.cache_session = self.cache_session, None
         if session is not None:
-            try:
-                session.finish(ok)
-            except Exception as exc:
-                log.warning("could not finish the cache entry: %s", exc)
+            _finish_session(session, ok)
 
     async def _watch_upstream(self) -> None:
         code = await self.supervisor.wait()

@@ -52,6 +52,10 @@ SERVE_SETTINGS = tuple(s.name for s in (
                         S.positive_float, 3600.0)),
     S.declare(S.Setting("max_request_bytes", "largest request body the proxy accepts", S.positive_int,
                         32 * 1024 * 1024)),
+    S.declare(S.Setting("max_header_bytes", "largest request head (request line and headers) the sidecar "
+                        "accepts; larger ones get 431", S.positive_int, 64 * 1024)),
+    S.declare(S.Setting("client_timeout_seconds", "longest a client may take to send its request head, and "
+                        "to send each part of its body (then 408)", S.positive_float, 60.0)),
     S.declare(S.Setting("active_warmup", "send real requests through vLLM before reporting ready",
                         S.boolean, True)),
     S.declare(S.Setting("upstream_probe_seconds", "after ready, how often vLLM's /health is probed (and "
@@ -76,6 +80,8 @@ class ServeOptions:
     vllm_stop_grace_seconds: float = 15.0
     startup_timeout_seconds: float = 3600.0
     max_request_bytes: int = 32 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+    client_timeout_seconds: float = 60.0
     active_warmup: bool = True
     upstream_probe_seconds: float = 5.0
     exit_linger_seconds: float = 2.0

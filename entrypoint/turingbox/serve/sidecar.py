@@ -15,11 +15,12 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
-import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+import httpcore
+from fastapi import FastAPI, Path, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from turingbox.serve import stages
@@ -33,7 +34,9 @@ _HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriz
                "trailers", "transfer-encoding", "upgrade", "proxy-connection"}
 _DROP_REQUEST = _HOP_BY_HOP | {"host", "content-length", "expect"}
 _DROP_RESPONSE = _HOP_BY_HOP | {"date", "server"}
-PROXY_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
+_DROP_REQUEST_B = {h.encode() for h in _DROP_REQUEST}
+_DROP_RESPONSE_B = {h.encode() for h in _DROP_RESPONSE}
+PROXY_METHODS = ["GET", "POST"]     # all vLLM 0.21 serves under /v1; nothing else reaches it
 DRAINING_RETRY_AFTER_S = 5
 
 
@@ -104,90 +107,117 @@ def sse_error_event(message: str, status: int = 502) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
 
 
-class UpstreamResponse(Response):
-    """Streams one upstream exchange to the client; watches for the client going away meanwhile."""
+# What the upstream pool raises when vLLM cannot be reached or breaks an exchange off.
+UPSTREAM_ERRORS = (httpcore.NetworkError, httpcore.ProtocolError, httpcore.TimeoutException, OSError)
+_CONNECT_ERRORS = (httpcore.ConnectError, httpcore.ConnectTimeout, ConnectionRefusedError)
+# vLLM's uvicorn closes idle keep-alive connections after 5 s: retire ours before that, so a request
+# is never written into a connection the server is closing at the same moment.
+UPSTREAM_KEEPALIVE_S = 4.0
+_UPSTREAM_TIMEOUTS = {"timeout": {"connect": 10.0, "read": None, "write": None, "pool": None}}
 
-    def __init__(self, sidecar: "Sidecar", upstream_request: httpx.Request, route: str, t0: float) -> None:
-        super().__init__()
-        self.sidecar = sidecar
-        self.upstream_request = upstream_request
-        self.route = route
-        self.t0 = t0
 
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[override]
-        sc, m = self.sidecar, self.sidecar.metrics
-        code = "000"
-        upstream: httpx.Response | None = None
-        disconnected = asyncio.create_task(_wait_for_disconnect(receive))
-        pump: asyncio.Task | None = None
-        try:
-            m.overhead.labels(self.route).observe(time.perf_counter() - self.t0)
-            sending = asyncio.create_task(sc.client.send(self.upstream_request, stream=True))
-            await asyncio.wait({sending, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-            if not sending.done():                 # client left before vLLM even answered
-                sending.cancel()
-                await asyncio.gather(sending, return_exceptions=True)
-                code = "499"
-                m.client_disconnects.inc()
+def _plain_response(status: int, reason: bytes, message: str) -> bytes:
+    body = json.dumps(_error_body(status, message, "invalid_request_error")).encode()
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+            % (status, reason, len(body))) + body
+
+
+def limited_protocol(max_header_bytes: int, header_timeout_s: float):
+    """uvicorn's httptools protocol with a limit on the request head and a deadline to send it.
+
+    uvicorn with httptools (what vLLM's own server runs) takes request heads of any size and waits
+    for an unfinished head forever, so one client could hold memory or connections at will. Over
+    the limit the client gets 431, past the deadline 408, and the connection is closed.
+    """
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class _HeadTooLarge(Exception):
+        pass
+
+    class LimitedHttpToolsProtocol(HttpToolsProtocol):
+        _head_bytes = 0
+        _raw_head_bytes = 0       # bytes received while a head is unfinished (bounds httptools' buffer)
+        _in_head = True
+        _head_timer = None
+        _refusal: bytes | None = None
+
+        def data_received(self, data: bytes) -> None:
+            if self._in_head:
+                self._raw_head_bytes += len(data)
+                if self._raw_head_bytes > 2 * max_header_bytes + 65536:
+                    # One header line without an end never reaches on_header: stop it here.
+                    self._too_large()
+                    self.transport.write(self._refusal)
+                    self.transport.close()
+                    return
+            super().data_received(data)
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(header_timeout_s, self._head_timeout)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timeout(self) -> None:
+            self._head_timer = None
+            if self.transport.is_closing():
                 return
-            try:
-                upstream = sending.result()
-            except httpx.HTTPError as exc:
-                kind = "connect" if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)) else "protocol"
-                m.upstream_errors.labels(kind).inc()
-                reason = sc.state.upstream_dead or f"the model server did not answer ({type(exc).__name__})."
-                resp = _error(502, reason, "upstream_error")
-                code = "502"
-                await resp(scope, receive, send)
-                return
-            code = str(upstream.status_code)
-            headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in upstream.headers.multi_items()
-                       if k.lower() not in _DROP_RESPONSE]
-            is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
-            if is_sse:
-                headers.append((b"x-accel-buffering", b"no"))
-            await send({"type": "http.response.start", "status": upstream.status_code, "headers": headers})
-            pump = asyncio.create_task(self._pump(upstream, send, is_sse))
-            await asyncio.wait({pump, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-            if not pump.done():                    # client went away mid-response: stop vLLM's work
-                pump.cancel()
-                await asyncio.gather(pump, return_exceptions=True)
-                code = "499"
-                m.client_disconnects.inc()
-            else:
-                pump.result()
-        finally:
-            disconnected.cancel()
-            if upstream is not None:
-                # Closing a response that was not read to the end closes its connection: vLLM sees
-                # the disconnect and aborts the generation.
-                await upstream.aclose()
-            sc.state.request_finished()
-            m.in_flight.dec()
-            m.requests.labels(self.route, code).inc()
-            m.latency.labels(self.route).observe(time.perf_counter() - self.t0)
+            if self.cycle is not None and not self.cycle.response_complete:
+                return      # a request is being answered: its head was complete
+            self.transport.write(_plain_response(408, b"Request Timeout", f"The request head did not arrive "
+                                                 f"within {header_timeout_s:g} s (setting client_timeout_seconds)."))
+            self.transport.close()
 
-    async def _pump(self, upstream: httpx.Response, send, is_sse: bool) -> None:
-        m = self.sidecar.metrics
-        first = True
-        try:
-            async for chunk in upstream.aiter_raw():
-                if first:
-                    m.first_byte.labels(self.route).observe(time.perf_counter() - self.t0)
-                    first = False
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as exc:
-            m.upstream_errors.labels("broken_stream").inc()
-            log.warning("vLLM broke off a %s response: %s", self.route, type(exc).__name__)
-            if not is_sse:
-                return    # the length/framing cannot be completed: let the server drop the connection
-            # A broken stream usually means vLLM died: give the supervisor a moment to learn how, so
-            # the client's error (and liveness, from now on) says why.
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.sidecar.state.dead.wait(), timeout=1.0)
-            why = self.sidecar.state.upstream_dead or "The model server stopped before this response was complete."
-            await send({"type": "http.response.body", "more_body": True, "body": sse_error_event(why)})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        def on_message_begin(self) -> None:
+            self._head_bytes = 0
+            self._in_head = True
+            self._arm()
+            super().on_message_begin()
+
+        def _too_large(self) -> None:
+            self._refusal = _plain_response(
+                431, b"Request Header Fields Too Large", f"The request head is larger than the limit of "
+                f"{max_header_bytes} bytes (setting max_header_bytes).")
+
+        def _count(self, n: int) -> None:
+            self._head_bytes += n
+            if self._head_bytes > max_header_bytes:
+                self._too_large()
+                raise _HeadTooLarge
+
+        def on_url(self, url: bytes) -> None:
+            self._count(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count(len(name) + len(value) + 4)
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            self._in_head = False
+            self._raw_head_bytes = 0
+            super().on_headers_complete()
+
+        def send_400_response(self, msg: str) -> None:
+            if self._refusal is None:           # a genuinely malformed request
+                super().send_400_response(msg)
+                return
+            self.transport.write(self._refusal)
+            self.transport.close()
+
+    return LimitedHttpToolsProtocol
 
 
 async def _wait_for_disconnect(receive) -> None:
@@ -197,62 +227,143 @@ async def _wait_for_disconnect(receive) -> None:
             return
 
 
+async def _send_json(send, status: int, body: dict, headers: dict | None = None) -> None:
+    data = json.dumps(body, separators=(",", ":")).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    raw += [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+def _error_body(status: int, message: str, kind: str, **extra: Any) -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": status, **extra}}
+
+
+class Live(BaseModel):
+    status: str = Field(description="'alive' (also while starting) or 'dead' (vLLM is gone)")
+    stage: Optional[str] = None
+    reason: Optional[str] = None
+
+
+class Ready(BaseModel):
+    status: str
+    stage: str
+    ready_after_s: float
+
+
+class Started(BaseModel):
+    status: str
+    ready_after_s: Optional[float] = None
+
+
+class NotReady(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    stage: str = Field(description="planning, starting, loading, compiling, capturing, warming, draining, "
+                                    "failed or unresponsive")
+    elapsed_s: Optional[float] = None
+    estimate_s: Optional[float] = Field(None, description="seconds left by the typical stage lengths; "
+                                                          "null when unknown or final")
+    reason: Optional[str] = None
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: int
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+_UNAUTHORIZED = {401: {"model": ErrorBody, "description": "API key missing or wrong"}}
+_JSON_OBJECT = {"content": {"application/json": {"schema": {"type": "object"}}}}
+
+
 class Sidecar:
     def __init__(self, state: ServeState, metrics: ServeMetrics) -> None:
         self.state = state
         self.metrics = metrics
-        # No read timeout: a long prefill may take minutes before the first byte.
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=10.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-            headers={}, follow_redirects=False, trust_env=False)
+        # Straight to httpcore (httpx's layer costs ~0.25 ms a request here); no read timeout: a long
+        # prefill may take minutes before the first byte.
+        self.pool = httpcore.AsyncConnectionPool(max_connections=None, max_keepalive_connections=256,
+                                                 keepalive_expiry=UPSTREAM_KEEPALIVE_S)
+        self._upstream: tuple[str, bytes, bytes, int] | None = None     # (url, scheme, host, port)
         self.app = self._build_app()
 
-    def authorized(self, request: Request) -> bool:
+    async def __call__(self, scope, receive, send) -> None:
+        """The ASGI app served: /v1/* goes straight to the proxy, the rest to FastAPI."""
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            await self.proxy(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+    # -- API key
+
+    def key_ok(self, authorization: str | None) -> bool:
         key = self.state.options.api_key
         if not key:
             return True
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer":
             token = ""
         # Constant time whatever the token's content.
         return hmac.compare_digest(token.strip().encode("utf-8", "replace"), key.encode("utf-8"))
+
+    def authorized(self, request: Request) -> bool:
+        return self.key_ok(request.headers.get("authorization"))
 
     def unauthorized(self) -> JSONResponse:
         self.metrics.rejected.labels("unauthorized").inc()
         return _error(401, "A valid API key is required: send 'Authorization: Bearer <key>'.",
                       "invalid_request_error", headers={"WWW-Authenticate": "Bearer"})
 
+    # -- FastAPI: health, metrics, plan (and the /v1 route, for the schema only)
+
     def _build_app(self) -> FastAPI:
-        app = FastAPI(title="turingbox sidecar", version="1", docs_url=None, redoc_url=None)
+        app = FastAPI(title="turingbox sidecar", version="1", docs_url=None, redoc_url=None,
+                      description="Health, metrics and the plan of a turingbox appliance; /v1/* is vLLM's "
+                                  "OpenAI-compatible API, proxied.")
         st = self.state
 
-        @app.get("/health/live", summary="Liveness: the process and vLLM are alive (200 while starting)")
+        @app.get("/health/live", summary="Liveness: the process and vLLM are alive (200 while starting)",
+                 response_model=Live, responses={503: {"model": Live, "description": "vLLM is gone"}})
         async def live() -> JSONResponse:
             if st.upstream_dead is not None:
                 return JSONResponse({"status": "dead", "reason": st.upstream_dead}, status_code=503)
             return JSONResponse({"status": "alive", "stage": st.tracker.stage})
 
-        @app.get("/health/ready", summary="Readiness: 200 only when requests will be served")
+        @app.get("/health/ready", summary="Readiness: 200 only when requests will be served",
+                 response_model=Ready, responses={503: {"model": NotReady, "description": "not ready: why"}})
         async def ready() -> JSONResponse:
             if st.is_ready():
                 return JSONResponse({"status": "ready", "stage": stages.READY,
                                      "ready_after_s": round(st.tracker.ready_after_s or 0.0, 1)})
             return JSONResponse(st.not_ready_body(), status_code=503, headers={"Retry-After": st.retry_after()})
 
-        @app.get("/health/startup", summary="Startup: 200 once startup succeeded")
+        @app.get("/health/startup", summary="Startup: 200 once startup succeeded",
+                 response_model=Started, responses={503: {"model": NotReady, "description": "not started yet"}})
         async def startup() -> JSONResponse:
             if st.startup_ok:
                 return JSONResponse({"status": "started", "ready_after_s": st.tracker.ready_after_s})
             return JSONResponse(st.not_ready_body(), status_code=503)
 
-        @app.get("/metrics", summary="Prometheus metrics")
+        @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
+                 responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+                                  "description": "Prometheus text format"}, **_UNAUTHORIZED})
         async def metrics(request: Request) -> Response:
             if st.options.metrics_require_key and not self.authorized(request):
                 return self.unauthorized()
             return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-        @app.get("/turingbox/plan", summary="The plan being served (secrets removed)")
+        @app.get("/turingbox/plan", summary="The plan being served (secrets removed)",
+                 responses={200: {"description": "the plan (see `turingbox plan --json`)", **_JSON_OBJECT},
+                            503: {"model": NotReady, "description": "not planned yet"}, **_UNAUTHORIZED})
         async def plan(request: Request) -> JSONResponse:
             if not self.authorized(request):
                 return self.unauthorized()
@@ -260,62 +371,213 @@ class Sidecar:
                 return JSONResponse(st.not_ready_body(), status_code=503)
             return JSONResponse(st.plan)
 
-        @app.api_route("/v1/{path:path}", methods=PROXY_METHODS, summary="OpenAI API of vLLM, proxied")
-        async def proxy(path: str, request: Request) -> Response:
-            return await self.proxy(request)
+        # Never reached through __call__ (which proxies /v1/* before routing); declared so the schema
+        # says what the public port offers.
+        @app.api_route("/v1/{path:path}", methods=PROXY_METHODS, summary="OpenAI API of vLLM, proxied",
+                       responses={200: {"description": "vLLM's answer, streamed through unchanged", **_JSON_OBJECT},
+                                  400: {"description": "vLLM refused the request", **_JSON_OBJECT},
+                                  404: {"description": "vLLM has no such route or model", **_JSON_OBJECT},
+                                  405: {"description": "method not allowed (by the sidecar or vLLM)", **_JSON_OBJECT},
+                                  408: {"model": ErrorBody, "description": "the body stalled past client_timeout_seconds"},
+                                  413: {"model": ErrorBody, "description": "body over max_request_bytes"},
+                                  502: {"model": ErrorBody, "description": "vLLM did not answer"},
+                                  503: {"model": ErrorBody, "description": "not ready, or draining"},
+                                  **_UNAUTHORIZED})
+        async def proxy(request: Request, path: str = Path(description="vLLM's route under /v1",
+                                                            examples=["models", "chat/completions", "completions"])
+                        ) -> Response:
+            return _error(404, "The /v1 proxy is served by the sidecar's ASGI entry point.", "not_found")
 
+        app.openapi = lambda: self._openapi(app)
         return app
 
-    async def proxy(self, request: Request) -> Response:
+    def _openapi(self, app: FastAPI) -> dict:
+        """FastAPI's schema plus the bearer key where the sidecar asks for it."""
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+            schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                                 routes=app.routes)
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "the API key (setting api_key); "
+                           "when none is set, no key is needed"}}
+            for path, ops in schema["paths"].items():
+                if path.startswith(("/v1/", "/turingbox/")) or path == "/metrics":
+                    for op in ops.values():
+                        op["security"] = [{"bearer": []}, {}] if path == "/metrics" else [{"bearer": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    # -- the /v1 proxy (plain ASGI: it runs on every token of every stream)
+
+    def _upstream_target(self) -> tuple[bytes, bytes, int]:
+        url = self.state.upstream_url or ""
+        if self._upstream is None or self._upstream[0] != url:
+            scheme, _, rest = url.partition("://")
+            host, _, port = rest.rstrip("/").rpartition(":")
+            self._upstream = (url, scheme.encode(), host.encode(), int(port))
+        return self._upstream[1:]
+
+    async def proxy(self, scope, receive, send) -> None:
         t0 = time.perf_counter()
         st, m = self.state, self.metrics
-        route = route_label(request.url.path)
-        if not self.authorized(request):
+        route = route_label(scope["path"])
+        authorization = None
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                authorization = v.decode("latin-1")
+        if scope["method"] not in PROXY_METHODS:      # TRACE, CONNECT, ...: never forwarded
+            m.requests.labels(route, "405").inc()
+            await _send_json(send, 405, _error_body(405, f"Method {scope['method']} is not allowed here.",
+                                                    "invalid_request_error"), {"Allow": ", ".join(PROXY_METHODS)})
+            return
+        if not self.key_ok(authorization):
             m.requests.labels(route, "401").inc()
-            return self.unauthorized()
+            m.rejected.labels("unauthorized").inc()
+            await _send_json(send, 401, _error_body(401, "A valid API key is required: send 'Authorization: "
+                                                         "Bearer <key>'.", "invalid_request_error"),
+                             {"WWW-Authenticate": "Bearer"})
+            return
         if not st.is_ready() or st.upstream_url is None:
             reason = "draining" if st.draining else "not_ready"
             m.rejected.labels(reason).inc()
             m.requests.labels(route, "503").inc()
             body = st.not_ready_body()
-            return _error(503, body.get("reason") or "The server is not ready.", "service_unavailable",
-                          headers={"Retry-After": st.retry_after()}, stage=body["stage"],
-                          estimate_s=body.get("estimate_s"))
+            await _send_json(send, 503, _error_body(503, body.get("reason") or "The server is not ready.",
+                                                    "service_unavailable", stage=body["stage"],
+                                                    estimate_s=body.get("estimate_s")),
+                             {"Retry-After": st.retry_after()})
+            return
         # Accepted: from here on the request counts for the drain.
         st.request_started()
         m.in_flight.inc()
-        handed_over = False
+        code = "000"
         try:
-            limit = st.options.max_request_bytes
-            declared = request.headers.get("content-length")
-            if declared is not None and (not declared.isdigit() or int(declared) > limit):
-                return self._too_large(route, limit)
-            body = bytearray()
-            async for part in request.stream():
-                body += part
-                if len(body) > limit:
-                    return self._too_large(route, limit)
-            headers = [(k, v) for k, v in request.headers.items() if k not in _DROP_REQUEST]
-            if st.options.api_key:
-                # The sidecar checked the client's key; vLLM gets its own (if it has one).
-                headers = [(k, v) for k, v in headers if k != "authorization"]
-                if st.upstream_api_key:
-                    headers.append(("authorization", f"Bearer {st.upstream_api_key}"))
-            url = st.upstream_url + request.scope.get("raw_path", request.url.path.encode()).decode("latin-1")
-            query = request.scope.get("query_string", b"")
-            if query:
-                url += "?" + query.decode("latin-1")
-            upstream_request = self.client.build_request(request.method, url, headers=headers,
-                                                         content=bytes(body))
-            handed_over = True
-            return UpstreamResponse(self, upstream_request, route, t0)
+            code = await self._forward(scope, receive, send, route, t0)
         finally:
-            if not handed_over:
-                st.request_finished()
-                m.in_flight.dec()
+            st.request_finished()
+            m.in_flight.dec()
+            m.requests.labels(route, code).inc()
+            m.latency.labels(route).observe(time.perf_counter() - t0)
 
-    def _too_large(self, route: str, limit: int) -> JSONResponse:
-        self.metrics.rejected.labels("too_large").inc()
-        self.metrics.requests.labels(route, "413").inc()
-        return _error(413, f"The request body is larger than the limit of {limit} bytes "
-                           "(setting max_request_bytes).", "invalid_request_error")
+    async def _read_body(self, scope, receive) -> bytes | int | None:
+        """The request body; the limit (int) when it is too large, -1 when the client stalled; None when it left."""
+        limit = self.state.options.max_request_bytes
+        for k, v in scope["headers"]:
+            if k == b"content-length" and (not v.isdigit() or int(v) > limit):
+                return limit
+        body = bytearray()
+        timeout = self.state.options.client_timeout_seconds
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), timeout)
+            except asyncio.TimeoutError:
+                return -1
+            if message["type"] == "http.disconnect":
+                return None
+            body += message.get("body", b"")
+            if len(body) > limit:
+                return limit
+            if not message.get("more_body", False):
+                return bytes(body)
+
+    async def _forward(self, scope, receive, send, route: str, t0: float) -> str:
+        st, m = self.state, self.metrics
+        body = await self._read_body(scope, receive)
+        if body is None:
+            m.client_disconnects.inc()
+            return "499"
+        if body == -1:
+            m.rejected.labels("client_timeout").inc()
+            await _send_json(send, 408, _error_body(408, "The request body stalled for longer than "
+                                                         f"{st.options.client_timeout_seconds:g} s (setting "
+                                                         "client_timeout_seconds).", "invalid_request_error"),
+                             {"Connection": "close"})
+            return "408"
+        if isinstance(body, int):
+            m.rejected.labels("too_large").inc()
+            await _send_json(send, 413, _error_body(413, f"The request body is larger than the limit of {body} "
+                                                         "bytes (setting max_request_bytes).", "invalid_request_error"))
+            return "413"
+        scheme, host, port = self._upstream_target()
+        headers = [(b"host", b"%s:%d" % (host, port))]
+        for k, v in scope["headers"]:
+            if k in _DROP_REQUEST_B or (k == b"authorization" and st.options.api_key):
+                continue      # the sidecar checked the client's key; vLLM gets its own (if it has one)
+            headers.append((k, v))
+        if st.options.api_key and st.upstream_api_key:
+            headers.append((b"authorization", b"Bearer " + st.upstream_api_key.encode("latin-1")))
+        if body or scope["method"] in ("POST", "PUT", "PATCH"):
+            headers.append((b"content-length", str(len(body)).encode()))
+        target = scope.get("raw_path") or scope["path"].encode("latin-1")
+        if scope.get("query_string"):
+            target += b"?" + scope["query_string"]
+        request = httpcore.Request(scope["method"].encode(), httpcore.URL(scheme=scheme, host=host, port=port,
+                                                                            target=target),
+                                   headers=headers, content=body, extensions=_UPSTREAM_TIMEOUTS)
+        return await self._exchange(request, scope, receive, send, route, t0)
+
+    async def _exchange(self, request: httpcore.Request, scope, receive, send, route: str, t0: float) -> str:
+        """Send to vLLM and stream its answer back; watches for the client going away meanwhile."""
+        sc_state, m = self.state, self.metrics
+        upstream: httpcore.Response | None = None
+        disconnected = asyncio.create_task(_wait_for_disconnect(receive))
+        try:
+            m.overhead.labels(route).observe(time.perf_counter() - t0)
+            sending = asyncio.create_task(self.pool.handle_async_request(request))
+            await asyncio.wait({sending, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+            if not sending.done():                 # client left before vLLM even answered
+                sending.cancel()
+                await asyncio.gather(sending, return_exceptions=True)
+                m.client_disconnects.inc()
+                return "499"
+            try:
+                upstream = sending.result()
+            except UPSTREAM_ERRORS as exc:
+                m.upstream_errors.labels("connect" if isinstance(exc, _CONNECT_ERRORS) else "protocol").inc()
+                reason = sc_state.upstream_dead or f"the model server did not answer ({type(exc).__name__})."
+                await _send_json(send, 502, _error_body(502, reason, "upstream_error"))
+                return "502"
+            headers = [(k, v) for k, v in upstream.headers if k.lower() not in _DROP_RESPONSE_B]
+            content_type = next((v for k, v in upstream.headers if k.lower() == b"content-type"), b"")
+            is_sse = content_type.startswith(b"text/event-stream")
+            if is_sse:
+                headers.append((b"x-accel-buffering", b"no"))
+            await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+            pump = asyncio.create_task(self._pump(upstream, send, is_sse, route, t0))
+            await asyncio.wait({pump, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+            if not pump.done():                    # client went away mid-response: stop vLLM's work
+                pump.cancel()
+                await asyncio.gather(pump, return_exceptions=True)
+                m.client_disconnects.inc()
+                return "499"
+            pump.result()
+            return str(upstream.status)
+        finally:
+            disconnected.cancel()
+            if upstream is not None:
+                # Closing a response that was not read to the end closes its connection: vLLM sees
+                # the disconnect and aborts the generation.
+                with contextlib.suppress(*UPSTREAM_ERRORS):
+                    await upstream.aclose()
+
+    async def _pump(self, upstream: httpcore.Response, send, is_sse: bool, route: str, t0: float) -> None:
+        m = self.metrics
+        first = True
+        try:
+            async for chunk in upstream.aiter_stream():
+                if first:
+                    m.first_byte.labels(route).observe(time.perf_counter() - t0)
+                    first = False
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UPSTREAM_ERRORS as exc:
+            m.upstream_errors.labels("broken_stream").inc()
+            log.warning("vLLM broke off a %s response: %s", route, type(exc).__name__)
+            if not is_sse:
+                return    # the length/framing cannot be completed: let the server drop the connection
+            # A broken stream usually means vLLM died: give the supervisor a moment to learn how, so
+            # the client's error (and liveness, from now on) says why.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.state.dead.wait(), timeout=1.0)
+            why = self.state.upstream_dead or "The model server stopped before this response was complete."
+            await send({"type": "http.response.body", "more_body": True, "body": sse_error_event(why)})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
