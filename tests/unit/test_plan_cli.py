@@ -79,7 +79,7 @@ def test_config_without_heads(tmp_path):
 
 @pytest.mark.parametrize("env,words", [
     ({"TURINGBOX_MTP": "lots"}, ["TURINGBOX_MTP"]),
-    ({"TURINGBOX_TP": "3"}, ["TURINGBOX_TP 3", "KV heads"]),
+    ({"TURINGBOX_TP": "3"}, ["--tensor-parallel-size/TURINGBOX_TP 3", "KV heads"]),
     ({"TURINGBOX_GPU_MEMORY_UTILIZATION": "2"}, ["TURINGBOX_GPU_MEMORY_UTILIZATION"]),
     ({"TURINGBOX_DTYPE": "bfloat16"}, ["bfloat16", "sm_75"]),
     ({"CUDA_VISIBLE_DEVICES": "7"}, ["CUDA_VISIBLE_DEVICES", "GPU 7"]),

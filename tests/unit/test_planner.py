@@ -269,7 +269,7 @@ ERROR_CASES = [
     ("stock-11g-cannot-hold-27b-awq", "1x2080ti-11g", "awq", {}, None, PlanError, ["does not fit", "GiB"]),
     ("2x11g-cannot-hold-27b-awq", "2x2080ti-11g", "awq", {}, None, PlanError, ["does not fit", "GiB"]),
     ("bf16-27b-on-one-2080ti", "1x2080ti-22g", "bf16", {}, None, PlanError, ["does not fit", "GiB"]),
-    ("tp-3-illegal", "4x2080ti-22g", "awq", {"tensor_parallel_size": 3}, None, UsageError, ["TURINGBOX_TP 3", "KV heads"]),
+    ("tp-3-illegal", "4x2080ti-22g", "awq", {"tensor_parallel_size": 3}, None, UsageError, ["--tensor-parallel-size/TURINGBOX_TP 3", "KV heads"]),
     ("tp-more-than-gpus", "4x2080ti-22g", "awq", {"tensor_parallel_size": 8}, None, UsageError, ["8", "4 identical"]),
     ("mtp-on-model-without-head", "4x2080ti-22g", "nomtp", {"mtp": 2}, None, UsageError, ["TURINGBOX_MTP 2", "no MTP head"]),
     ("mtp-out-of-range", "4x2080ti-22g", "awq", {"mtp": 9}, None, UsageError, ["TURINGBOX_MTP 9"]),

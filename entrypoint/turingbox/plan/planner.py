@@ -160,7 +160,7 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
     if s["max_model_len"] is not None:
         want_len = int(s["max_model_len"])
         if want_len > model_max:
-            raise UsageError(f"TURINGBOX_MAX_MODEL_LEN {want_len} exceeds the model's {model_max}-token context "
+            raise UsageError(f"--max-model-len/TURINGBOX_MAX_MODEL_LEN {want_len} exceeds the model's {model_max}-token context "
                              "(max_position_embeddings).")
         len_source = "requested"
     else:
@@ -302,10 +302,10 @@ def _candidate(group: list[Gpu], model: ModelConfig, s: Mapping[str, Any], inclu
     if s["tensor_parallel_size"] is not None:
         tp = int(s["tensor_parallel_size"])
         if tp > n:
-            raise UsageError(f"TURINGBOX_TP {tp} asks for more GPUs than the {n} identical {kind_text} visible.")
+            raise UsageError(f"--tensor-parallel-size/TURINGBOX_TP {tp} asks for more GPUs than the {n} identical {kind_text} visible.")
         problem = tp_problem(model, tp)
         if problem:
-            raise UsageError(f"TURINGBOX_TP {tp} cannot split the model: {problem}.")
+            raise UsageError(f"--tensor-parallel-size/TURINGBOX_TP {tp} cannot split the model: {problem}.")
         tp_reason = f"TP={tp}: set by TURINGBOX_TP/--tensor-parallel-size."
     else:
         tps = legal_tps(model, n)
