@@ -43,7 +43,9 @@ test-unit: ## planner, inventory, sidecar, signals, caches, plugin: no GPU, no D
 	@$(call run_pytest,tests -m "not docker and not gpu and not slow" --ignore=tests/reliability)
 
 test-image: ## build the image on a local stand-in base and smoke-test it without a GPU; bake from a cache entry
-	@$(call run_pytest,tests/image tests/cache -m docker)
+	@$(call run_pytest,tests/image -m docker)
+	@# a separate run: both folders' conftest.py are imported as `conftest`
+	@$(call run_pytest,tests/cache -m docker)
 
 test-reliability: ## load, faults, bad input and security tests of the sidecar (no GPU; SLOW=1 for the full 60 s load)
 	@$(call run_pytest,tests/reliability -m "not gpu $(if $(SLOW),,and not slow)")
