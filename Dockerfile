@@ -115,11 +115,13 @@ RUN python -m turingbox_warmup.aot --arch "${TRITON_AOT_ARCHS}" --cache-dir /opt
 # Each new cache entry starts with these kernels (turingbox_warmup.cache copies them in).
 ENV TURINGBOX_AOT_TRITON_DIR=/opt/turingbox/triton-cache
 
-# Non-root user; group 0 may write the volumes too (OpenShift-style arbitrary UIDs).
+# Non-root user; group 0 may write the volumes too (OpenShift-style arbitrary UIDs). The home
+# directory already exists (the AOT step above ran as root with HOME set), so hand it over.
 RUN groupadd --gid 10001 turingbox \
  && useradd --uid 10001 --gid 10001 --groups 0 --home-dir /home/turingbox --create-home \
       --shell /usr/sbin/nologin turingbox \
- && install -d -o 10001 -g 0 -m 0775 /cache /models
+ && install -d -o 10001 -g 0 -m 0775 /cache /models \
+ && chown -R 10001:0 /home/turingbox
 
 # The demo model's tokenizer (converted from the tiktoken ranks, ~1 min) is built once here, so
 # a first start only writes the model's config. It sits in /models; a named volume mounted there
