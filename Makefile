@@ -37,7 +37,7 @@ image: ## build the appliance image (BASE_IMAGE=..., EXTRA_CA_CERT=path for TLS-
 	tools/ci/docker-build.sh -t $(IMAGE) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
 	  $(if $(EXTRA_CA_CERT),--build-arg EXTRA_CA_CERT_B64=$$(base64 -w0 $(EXTRA_CA_CERT))) .
 
-test: test-unit test-reliability test-image ## all tests: CPU unit/sidecar/planner/caches/plugin, reliability, then the image
+test: test-unit test-image test-reliability ## all tests: CPU unit/sidecar/planner/caches/plugin, the image, then reliability (its two-containers case uses the image)
 
 test-unit: ## planner, inventory, sidecar, signals, caches, plugin: no GPU, no Docker
 	@$(call run_pytest,tests -m "not docker and not gpu and not slow" --ignore=tests/reliability)
