@@ -7,13 +7,15 @@
 # NVIDIA's devel images, so the build compiles the plugin's GDN library and Triton finds ptxas there.
 #
 # Usage: tools/ci/build-base.sh [TAG]      (default turingbox-base:bookworm)
-# Env:   DEBIAN_MIRROR, CA_BUNDLE (default /etc/ssl/certs/ca-certificates.crt), FORCE=1 to rebuild.
+# Env:   DEBIAN_MIRROR and DEBIAN_SECURITY_MIRROR (default: what this machine's apt uses), CA_BUNDLE (default /etc/ssl/certs/ca-certificates.crt), FORCE=1 to rebuild.
 # Skips the work when an image with TAG was built from the same script and CA bundle.
 set -euo pipefail
 
 TAG=${1:-turingbox-base:bookworm}
 SUITE=bookworm
-MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+here=$(cd "$(dirname "$0")" && pwd)
+MIRROR=${DEBIAN_MIRROR:-$("$here/debian-mirror.sh" main)}
+SECURITY_MIRROR=${DEBIAN_SECURITY_MIRROR:-$("$here/debian-mirror.sh" security)}
 CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 cuda_version=""
@@ -47,7 +49,7 @@ fi
 cat >"$rootfs/etc/apt/sources.list" <<SOURCES
 deb $MIRROR $SUITE main
 deb $MIRROR $SUITE-updates main
-deb http://deb.debian.org/debian-security $SUITE-security main
+deb $SECURITY_MIRROR $SUITE-security main
 SOURCES
 # like the official images: no recommends, no caches in layers
 printf 'APT::Install-Recommends "false";\nAPT::Install-Suggests "false";\n' >"$rootfs/etc/apt/apt.conf.d/90turingbox-no-recommends"

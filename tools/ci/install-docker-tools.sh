@@ -28,7 +28,7 @@ fi
 state=$(mktemp -d /var/tmp/turingbox-apt.XXXXXX)
 trap 'rm -rf "$state"' EXIT
 mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/debs" "$state/root"
-echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" \
+echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $("$(dirname "$0")/debian-mirror.sh" main) trixie main" \
   >"$state/sources.list"
 apt_opts=(-o "Dir::Etc::SourceList=$state/sources.list" -o Dir::Etc::SourceParts=/dev/null
           -o "Dir::State::Lists=$state/lists" -o "Dir::Cache=$state/cache"
