@@ -18,6 +18,17 @@ _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 _SCALAR_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
+
+def _head_geometry(q, v) -> tuple[int, int, int, int]:
+    """(B, T, key heads, value heads) of [B, T, H, 128] q and v; both kernels share these limits."""
+    B, T, Hk, K = q.shape
+    Hv, V = v.shape[2], v.shape[3]
+    if K != HEAD_DIM or V != HEAD_DIM:
+        raise ValueError(f"turingbox GDN kernels need K == V == 128, got K={K}, V={V}.")
+    if Hv % Hk:
+        raise ValueError(f"value heads ({Hv}) must be a multiple of key heads ({Hk}).")
+    return B, T, Hk, Hv
+
 def _act_code(t: torch.Tensor, name: str) -> int:
     if t.dtype not in _DTYPE_CODE:
         raise ValueError(f"{name} must be float16 or bfloat16, not {t.dtype}.")
@@ -59,12 +70,8 @@ def prefill_launch_args(
             f"q and k must be [B, T, Hk, K] and v [B, T, Hv, V]; got q {tuple(q.shape)}, "
             f"k {tuple(k.shape)}, v {tuple(v.shape)}."
         )
-    B, T, Hk, K = q.shape
-    Hv, V = v.shape[2], v.shape[3]
-    if K != HEAD_DIM or V != HEAD_DIM:
-        raise ValueError(f"turingbox GDN kernels need K == V == 128, got K={K}, V={V}.")
-    if Hv % Hk:
-        raise ValueError(f"value heads ({Hv}) must be a multiple of key heads ({Hk}).")
+    B, T, Hk, Hv = _head_geometry(q, v)
+    K = V = HEAD_DIM
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise ValueError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}.")
     code = _act_code(q, "q")
@@ -142,12 +149,8 @@ def spec_decode_launch_args(
     stream: int,
 ):
     """Validate and build (args tuple, keepalive) for tb_gdn_spec_decode."""
-    B, T, Hk, K = q.shape
-    Hv, V = v.shape[2], v.shape[3]
-    if K != HEAD_DIM or V != HEAD_DIM:
-        raise ValueError(f"turingbox GDN kernels need K == V == 128, got K={K}, V={V}.")
-    if Hv % Hk:
-        raise ValueError(f"value heads ({Hv}) must be a multiple of key heads ({Hk}).")
+    B, T, Hk, Hv = _head_geometry(q, v)
+    K = V = HEAD_DIM
     code = _act_code(q, "q")
     if initial_state is None:
         raise ValueError("the spec-decode kernel needs the state pool (initial_state).")
