@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU machine: run the evidence phases one after another, detached (setsid) so that short `run` calls can
 # poll while it works.  Usage:  setsid nohup bash tests/gpu/session.sh PHASE... >/tmp/session.log 2>&1 &
-# Phases: smoke, gdn, cold, seeded, warm, gdnbench, aot, tp2.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
+# Phases: smoke, gdn, cold, seeded, warm, gdnbench, aot, tp2 (TP=1 pairs with plain vLLM on two GPUs), and the
+# TP=2 series on both GPUs: tp2cold (+ real clients, interleaved proxy latency), tp2seeded, tp2warm, tp2baked;
+# greedy (turbo vs vLLM GDN tokens end to end).  Results go to /tmp/results (tests/gpu/poll.sh packs them).
 set -u
 source tests/gpu/bootstrap.sh
 R=/tmp/results; mkdir -p $R /tmp/session
@@ -30,6 +32,31 @@ for phase in "$@"; do
     aot)      OUT=$R timeout 300 python3 tests/gpu/cache_aot_check.py > $R/cache_aot_check.txt 2>&1 ;;
     tp2)      timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp2 --gpus 0,0 --skip-plain \
                 --cache /tmp/tbcache-tp2 --out $R --extra="--tensor-parallel-size 2" ;;
+    tp2cold)  # empty caches; then, while it serves: the openai client, `vllm bench serve` and the interleaved proxy latency
+              timeout 1200 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp2cold --gpus 0,0 --skip-plain \
+                --cache /tmp/tbc2 --out $R --ready-limit 900 --env CUDA_VISIBLE_DEVICES=0,1 \
+                --after='python3 tests/gpu/real_clients.py > $OUT/real_clients.txt 2>&1; python3 tests/reliability/latency_bench.py --direct-port $DIRECT_PORT --proxy-port $PROXY_PORT --model $MODEL --requests 100 --json $OUT/proxy-latency.json > $OUT/proxy-latency.txt 2>&1' ;;
+    tp2seeded) # a fresh copy of the cold run's cache volume: what a volume seeded elsewhere looks like
+              rm -rf /tmp/tbc2-seeded; cp -a /tmp/tbc2 /tmp/tbc2-seeded
+              timeout 600 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp2seeded --gpus 0,0 --skip-plain \
+                --cache /tmp/tbc2-seeded --out $R --env CUDA_VISIBLE_DEVICES=0,1 --no-decode ;;
+    tp2warm)  # all warm: the cold run's own volume, third start of this plan
+              timeout 600 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp2warm --gpus 0,0 --skip-plain \
+                --cache /tmp/tbc2 --out $R --env CUDA_VISIBLE_DEVICES=0,1 --no-decode ;;
+    tp2baked) # the entry laid out as `make bake` puts it in an image (read-only, 0444/0555) and an empty volume
+              rm -rf /tmp/baked /tmp/tbc2-frombaked; mkdir -p /tmp/baked/entries /tmp/tbc2-frombaked
+              key=$(ls /tmp/tbc2/entries | head -1); cp -a /tmp/tbc2/entries/$key /tmp/baked/entries/$key
+              find /tmp/baked -type f -exec chmod 0444 {} +; find /tmp/baked -type d -exec chmod 0555 {} +
+              timeout 600 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp2baked --gpus 0,0 --skip-plain \
+                --cache /tmp/tbc2-frombaked --out $R --env CUDA_VISIBLE_DEVICES=0,1 --env TURINGBOX_BAKED_CACHE_DIR=/tmp/baked \
+                --no-decode ;;
+    greedy)   [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
+              for m in vllm turbo; do
+                CUDA_VISIBLE_DEVICES=$other timeout 400 python3 tests/gpu/gdn_e2e_greedy.py run --mode $m --model /tmp/demo4 \
+                  --out $R/greedy-$m.json > $R/greedy-$m.log 2>&1
+              done
+              python3 tests/gpu/gdn_e2e_greedy.py compare $R/greedy-vllm.json $R/greedy-turbo.json --json $R/greedy-compare.json \
+                > $R/greedy-compare.txt 2>&1 ;;
     *)        echo "unknown phase $phase" ;;
   esac
   echo "=== $phase done rc=$? in $(( $(date +%s) - t0 )) s"

@@ -140,6 +140,11 @@ def main() -> int:
     ap.add_argument("--extra", default="", help="extra turingbox serve flags")
     ap.add_argument("--bench", action="store_true", help="also run `turingbox bench decode|prefill` on each server")
     ap.add_argument("--prefill-lengths", default="2048,4096,8192,16384,32768")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra environment for turingbox serve (repeatable)")
+    ap.add_argument("--after", default="",
+                    help="shell command run while the servers are still up (PROXY_PORT, DIRECT_PORT, PLAIN_PORT, MODEL set)")
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode tok/s measurement (start-time phases)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     gpu_tb, gpu_plain = args.gpus.split(",")
@@ -148,6 +153,7 @@ def main() -> int:
 
     env_tb = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu_tb, TURINGBOX_CACHE_DIR=args.cache,
                   PYTHONUNBUFFERED="1")
+    env_tb.update(kv.split("=", 1) for kv in args.env)
     plan = json.loads(subprocess.check_output(
         [sys.executable, "-m", "turingbox", "plan", "--model", args.model, "--json", *args.extra.split()],
         env=env_tb))
@@ -203,7 +209,8 @@ def main() -> int:
         r["later_ttft_s"] = later
         r["later_ttft_median_s"] = statistics.median(later)
         r["first_over_later"] = r["first_ttft_s"] / r["later_ttft_median_s"]
-        r["decode"] = decode_tps(port, served)
+        if not args.no_decode:
+            r["decode"] = decode_tps(port, served)
         if args.bench:
             for kind in ("decode", "prefill"):
                 out_json = os.path.join(args.out, f"bench-{kind}-{name}-{args.phase}.json")
@@ -215,7 +222,8 @@ def main() -> int:
                 rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, timeout=400).returncode
                 r[f"bench_{kind}"] = json.load(open(out_json)) if rc == 0 and os.path.exists(out_json) else {"rc": rc}
         for label, p in extra_ports:
-            r[f"decode_{label}"] = decode_tps(p, served)
+            if not args.no_decode:
+                r[f"decode_{label}"] = decode_tps(p, served)
             r[f"ttft_{label}_median_s"] = statistics.median([ttft(p, served) for _ in range(10)])
         return r
 
@@ -231,12 +239,22 @@ def main() -> int:
         status, metrics = get(8000, "/metrics")
         res["turingbox"]["jit_after_ready"] = [l for l in metrics.decode().splitlines()
                                                if l.startswith("turingbox_jit_after_ready")]
+        res["turingbox"]["startup_stage_seconds"] = {
+            m.group(1): float(m.group(2)) for m in re.finditer(
+                r'^turingbox_startup_stage_seconds\{stage="(\w+)"\} (\S+)$', metrics.decode(), re.M)}
         if plain is None and not args.skip_plain:
             stop(tb)
             launched["plain"] = time.perf_counter()
             plain, plain_log = start_plain()
         if plain is not None:
             res["plain"] = measure("plain", 8200, plain, "/health", ())
+        if args.after:
+            after_env = dict(os.environ, PROXY_PORT="8000", DIRECT_PORT="8100", PLAIN_PORT="8200", MODEL=served,
+                             OUT=args.out, TOKENIZER=args.model)
+            t_after = time.perf_counter()
+            rc = subprocess.run(["bash", "-c", args.after], env=after_env, timeout=900).returncode
+            res["after"] = {"cmd": args.after, "rc": rc, "s": time.perf_counter() - t_after}
+            log(f"after-command rc={rc}")
     finally:
         stop(tb)
         if plain is not None:
