@@ -63,7 +63,8 @@ class Client:
                 break
             if first is None and line.startswith(b"data: {"):
                 delta = (json.loads(line[6:]).get("choices") or [{}])[0].get("delta") or {}
-                if delta.get("content"):
+                # vLLM 0.21 with a reasoning parser streams thinking as `reasoning` before any `content`.
+                if delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content"):
                     first = time.perf_counter() - t0
         self._done()
         assert first is not None
