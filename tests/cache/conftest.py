@@ -1,9 +1,11 @@
 """Shared helpers for the cache tests: plans whose fingerprints we control."""
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -30,6 +32,22 @@ def make_plan(**overrides):
 @pytest.fixture
 def plan():
     return make_plan()
+
+
+@pytest.fixture(autouse=True)
+def private_tmpdir(tmp_path, monkeypatch):
+    """TMPDIR inside tmp_path, for this process's tempfile and for every subprocess: private/cold
+    cache copies land there, so a test that leaks one leaks it into its own tmp_path, not /tmp."""
+    d = tmp_path / "tmpdir"
+    d.mkdir()
+    monkeypatch.setenv("TMPDIR", str(d))
+    monkeypatch.setattr(tempfile, "tempdir", str(d))
+    return str(d)
+
+
+def turingbox_temporaries(tmpdir: str) -> list[str]:
+    """What turingbox made with mkdtemp under tmpdir (private/cold cache copies, runtime dirs)."""
+    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(tmpdir, "turingbox-*")))
 
 
 def run_py(code: str, *args: str, env=None, timeout=60, **kw) -> subprocess.CompletedProcess:

@@ -7,10 +7,11 @@ import sys
 import time
 
 from turingbox_warmup import cache
-from conftest import make_plan, run_py
+from conftest import make_plan, run_py, turingbox_temporaries
 
 # A child process: prepare the cache for the plan in argv, record what it got, write into the entry
-# while holding it (appending start/end lines so overlapping writers would show), then finish.
+# while holding it (appending start/end lines so overlapping writers would show), then finish and
+# close, as serve and warmup do at exit.
 CHILD = r"""
 import json, os, sys, time
 from turingbox_warmup import cache
@@ -29,6 +30,7 @@ for i in range(5):
     time.sleep(hold / 5)
 note("end")
 s.finish(True)
+s.close()
 """
 
 
@@ -59,7 +61,8 @@ def test_racing_writers_take_turns_and_leave_a_complete_entry(tmp_path, plan):
     assert json.load(open(os.path.join(entry, "manifest.json")))["hits"] == 2
 
 
-def test_busy_entry_gives_the_second_process_a_private_copy_and_leaves_the_writer_alone(tmp_path, plan):
+def test_busy_entry_gives_the_second_process_a_private_copy_and_leaves_the_writer_alone(tmp_path, plan,
+                                                                                         private_tmpdir):
     journal = tmp_path / "journal"
     writer = start_child(plan, tmp_path / "root", journal, 4.0, 30)
     deadline = time.time() + 20
@@ -72,6 +75,8 @@ def test_busy_entry_gives_the_second_process_a_private_copy_and_leaves_the_write
     reader_start = [e for e in journal_lines(journal) if e["pid"] == reader.pid][0]
     assert reader_start["mode"] == "private" and reader_start["result"] == "miss"
     assert not reader_start["entry"].startswith(str(tmp_path / "root"))
+    assert reader_start["entry"].startswith(private_tmpdir)      # in the TMPDIR the child inherited...
+    assert turingbox_temporaries(private_tmpdir) == []            # ...and gone once the reader exited
     assert writer.poll() is None  # the writer still holds its entry: the reader never touched it
     writer.communicate(timeout=30)
     assert writer.returncode == 0
@@ -101,7 +106,7 @@ def test_writer_killed_mid_seed_releases_the_lock_and_the_next_start_resumes(tmp
     assert cache.prepare_cache(plan, str(tmp_path / "root")).status["result"] == "hit"
 
 
-def test_private_run_publishes_its_entry_when_the_shared_one_was_never_completed(tmp_path, plan):
+def test_private_run_publishes_its_entry_when_the_shared_one_was_never_completed(tmp_path, plan, private_tmpdir):
     journal = tmp_path / "journal"
     writer = start_child(plan, tmp_path / "root", journal, 60.0, 30)
     deadline = time.time() + 20
@@ -114,6 +119,8 @@ def test_private_run_publishes_its_entry_when_the_shared_one_was_never_completed
     writer.send_signal(signal.SIGKILL)  # the writer dies before completing its entry
     writer.communicate(timeout=10)
     private.finish(True)
+    private.close()
+    assert turingbox_temporaries(private_tmpdir) == []            # the published copy is not the private one
     entry = cache.entry_dir(str(tmp_path / "root"), plan["cache_key"])
     assert cache.entry_problems(entry, plan["cache_key"], deep=True) == []
     assert open(os.path.join(entry, "triton", "mine.cubin"), "rb").read() == b"warmed privately"

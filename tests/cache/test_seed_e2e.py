@@ -17,6 +17,7 @@ import pytest
 import turingbox
 from turingbox_warmup import cache
 from turingbox_warmup.command import RESULT_PREFIX, STAGE_PREFIX, STAGES
+from conftest import turingbox_temporaries
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -33,7 +34,7 @@ pytest.importorskip("turingbox.serve.controller", reason="seeding reuses serve's
 
 
 @pytest.fixture
-def box(tmp_path):
+def box(tmp_path, private_tmpdir):
     model = tmp_path / "model"
     model.mkdir()
     shutil.copy(QWEN36_CONFIG, model / "config.json")
@@ -47,8 +48,9 @@ def box(tmp_path):
         "TURINGBOX_MODEL": str(model),
         "FAKE_VLLM_EVENTS": str(tmp_path / "events.jsonl"),
         "PYTHONUNBUFFERED": "1",
+        "TMPDIR": private_tmpdir,       # where warmup's own runtime dir and private copies go
     })
-    return {"tmp": tmp_path, "env": env, "root": str(tmp_path / "cache")}
+    return {"tmp": tmp_path, "env": env, "root": str(tmp_path / "cache"), "tmpdir": private_tmpdir}
 
 
 def warmup(box, *args, extra_env=None, popen=False):
@@ -129,6 +131,7 @@ def test_seed_only_leaves_a_complete_verified_entry_that_serve_then_hits(box):
                             capture_output=True, text=True, timeout=60)
     assert verify.returncode == 0 and json.loads(verify.stdout)["entries"][key]["ok"]
     assert all(gone(pid) for pid in engine_pids(box))           # the engine was stopped
+    assert turingbox_temporaries(box["tmpdir"]) == []           # its mkdtemp runtime dir went with it
 
     # What serve does next: the same plan finds a hit for every cache the engine filled.
     session = cache.prepare_cache(plan, box["root"])
@@ -161,6 +164,7 @@ def test_a_failed_seed_leaves_the_entry_incomplete_and_says_why(box, fault, valu
     # What the engine compiled before failing is kept for the next attempt.
     assert os.path.exists(os.path.join(cache.entry_dir(box["root"], key), ARTEFACTS[0]))
     assert all(gone(pid) for pid in engine_pids(box))
+    assert turingbox_temporaries(box["tmpdir"]) == []
 
 
 def test_a_seed_after_a_failed_one_resumes_and_completes_the_same_entry(box):
@@ -195,3 +199,21 @@ def test_sigterm_during_a_seed_stops_the_engine_and_leaves_the_entry_incomplete(
     assert stages_of(out)[-1] == "engine-stop"
     assert gone(pids[0])
     assert_incomplete(box, key)
+    assert turingbox_temporaries(box["tmpdir"]) == []
+
+
+def test_a_seed_in_a_private_copy_removes_the_copy_when_it_exits(box):
+    """Another process holds the entry: warmup seeds a private copy in TMPDIR, cannot publish it, says so,
+    and leaves nothing behind in TMPDIR (a restarting job would otherwise pile copies up)."""
+    import filelock
+    key = expected_plan(box)["cache_key"]
+    os.makedirs(os.path.join(box["root"], "locks"))
+    with filelock.FileLock(os.path.join(box["root"], "locks", f"{key}.lock")):
+        r = warmup(box, "--seed-only", extra_env={"TURINGBOX_CACHE_LOCK_WAIT": "0.2"})
+    assert r.returncode == 1, r.stderr
+    result = result_of(r.stdout)
+    assert result["mode"] == "private" and result["entry"].startswith(box["tmpdir"] + os.sep)
+    assert "engine_filling_caches: wrote" in r.stdout           # the engine really filled the private copy
+    assert turingbox_temporaries(box["tmpdir"]) == []
+    assert "warmed in private mode in a temporary copy" in r.stderr
+    assert not os.path.exists(cache.entry_dir(box["root"], key))   # the busy shared entry was never touched

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from turingbox_warmup import cache
-from conftest import make_plan
+from conftest import make_plan, turingbox_temporaries
 
 
 def seed(plan, root, files=None):
@@ -171,6 +171,36 @@ def test_read_only_volume_runs_cold_in_a_temp_dir_with_a_warning(readonly_dir, p
     assert "not writable" in caplog.text
     assert os.access(s.env["TRITON_CACHE_DIR"].rsplit(os.sep, 1)[0], os.W_OK)
     s.finish(True)  # nothing to complete, must not raise
+    s.close()
+
+
+def test_close_removes_the_cold_copy_and_leaves_the_volume_and_baked_layer_alone(readonly_dir, tmp_path, plan,
+                                                                                  private_tmpdir):
+    baked = _baked(tmp_path, plan)                       # read-only files (0444): the copy must still go
+    before = {d: sorted(os.walk(d)) for d in (readonly_dir, baked)}
+    s = cache.prepare_cache(plan, readonly_dir, baked_root=baked)
+    assert s.mode == "cold" and s.status["result"] == "hit"
+    assert turingbox_temporaries(private_tmpdir) == [os.path.basename(os.path.dirname(s.entry))]
+    open(os.path.join(s.env["TRITON_CACHE_DIR"], "jit.cubin"), "wb").write(b"compiled after the copy")
+    s.finish(True)
+    assert os.path.isdir(s.entry)                        # finish keeps it: the engine runs from it until exit
+    s.close()
+    assert turingbox_temporaries(private_tmpdir) == []
+    assert {d: sorted(os.walk(d)) for d in (readonly_dir, baked)} == before
+    s.close()                                            # idempotent
+
+
+def test_close_never_deletes_the_shared_entry_and_releases_its_lock(tmp_path, plan, private_tmpdir):
+    s = cache.prepare_cache(plan, str(tmp_path / "vol"))
+    assert s.mode == "shared" and s.temp_dir is None
+    s.close()                                            # never finished: failed start, entry stays incomplete
+    assert cache.read_manifest(s.entry)["completed"] is None
+    again = cache.prepare_cache(plan, str(tmp_path / "vol"), lock_wait_s=0.5)
+    assert again.mode == "shared" and again.status["result"] == "miss"
+    again.finish(True)
+    again.close()
+    assert cache.entry_problems(again.entry, plan["cache_key"]) == []
+    assert turingbox_temporaries(private_tmpdir) == []
 
 
 def test_full_volume_runs_cold(tmp_path, plan, caplog):
@@ -179,6 +209,7 @@ def test_full_volume_runs_cold(tmp_path, plan, caplog):
     s = cache.prepare_cache(plan, str(tmp_path), min_free_bytes=free * 2)
     assert s.mode == "cold" and "MiB free" in caplog.text
     s.finish(True)
+    s.close()
 
 
 def test_a_really_full_tmpfs_runs_cold(tmp_path, plan):
@@ -196,6 +227,7 @@ def test_a_really_full_tmpfs_runs_cold(tmp_path, plan):
         s = cache.prepare_cache(plan, str(d), min_free_bytes=0)
         assert s.mode == "cold" and "not writable" in " ".join(s.status["events"])
         s.finish(True)
+        s.close()
     finally:
         subprocess.run(["umount", str(d)], check=False)
 

@@ -176,8 +176,10 @@ def test_read_only_cache_volume_serve_starts_warns_and_runs_cold(serve_factory, 
         assert "WARNING" in out and "not writable" in out, out[-3000:]
         cache_line = [line for line in out.splitlines() if "turingbox.serve: cache {" in line]
         assert cache_line and json.loads(cache_line[0].split("cache ", 1)[1])["mode"] == "cold"
+        assert s.temporaries()                      # the cold copy, in serve's TMPDIR...
         s.signal(signal.SIGTERM)
         assert s.wait_exit() == 0
+        assert s.temporaries() == []                # ...removed at exit: restarts do not pile copies up
     finally:
         undo()
 
@@ -200,6 +202,7 @@ def test_full_cache_volume_serve_starts_warns_and_runs_cold(serve_factory, tmp_p
         assert "WARNING" in out and "cold" in out, out[-3000:]
         s.signal(signal.SIGTERM)
         assert s.wait_exit() == 0
+        assert s.temporaries() == []
     finally:
         subprocess.run(["umount", str(d)], check=False)
 

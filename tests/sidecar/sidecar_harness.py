@@ -3,6 +3,7 @@
 A uniquely named module (not conftest) so test files can import it next to other test folders' conftests."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -60,6 +61,9 @@ class Serve:
         self.control = os.path.join(tmp, "control")
         os.makedirs(self.control, exist_ok=True)
         self.log_path = os.path.join(tmp, "serve.log")
+        # serve's own temporaries (private/cold cache copies, a mkdtemp runtime dir) land here, not in /tmp
+        self.tmpdir = os.path.join(tmp, "tmpdir")
+        os.makedirs(self.tmpdir, exist_ok=True)
         model = self.model = make_model_dir(tmp)
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TURINGBOX_", "FAKE_VLLM_"))}
         full_env.update({
@@ -72,8 +76,13 @@ class Serve:
             "FAKE_VLLM_EVENTS": self.events_path,
             "FAKE_VLLM_CONTROL_DIR": self.control,
             "PYTHONUNBUFFERED": "1",
+            "TMPDIR": self.tmpdir,
         })
-        full_env.update(env or {})
+        for k, v in (env or {}).items():       # None removes a variable
+            if v is None:
+                full_env.pop(k, None)
+            else:
+                full_env[k] = v
         cmd = [sys.executable, "-m", "turingbox", "serve", "--port", str(self.port), "--host", "127.0.0.1"]
         if plan_file:
             cmd += ["--plan-file", plan_file]
@@ -123,6 +132,15 @@ class Serve:
 
     def metrics(self) -> str:
         return self.get("/metrics").text
+
+    def temporaries(self) -> list[str]:
+        """What serve made with mkdtemp in its TMPDIR (turingbox-private-/cold-/runtime-*)."""
+        return sorted(os.path.basename(p) for p in glob.glob(os.path.join(self.tmpdir, "turingbox-*")))
+
+    def cache_status(self) -> dict:
+        """The `cache {...}` status serve logged after preparing the compile caches."""
+        line = [x for x in self.output().splitlines() if "turingbox.serve: cache {" in x][0]
+        return json.loads(line.split("cache ", 1)[1])
 
     # -- acting
 

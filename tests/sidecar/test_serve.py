@@ -399,3 +399,76 @@ def test_port_in_use_exit_2(serve_factory):
         s = serve_factory(args=["--port", str(port)])
         assert s.wait_exit() == 2
         assert f"cannot listen on 127.0.0.1:{port}" in s.output()
+
+
+@pytest.fixture(scope="module")
+def plan_without_runtime_dir(tmp_path_factory):
+    """A saved plan that names no runtime dir (nor does the environment): serve makes one with mkdtemp."""
+    d = tmp_path_factory.mktemp("plan")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURINGBOX_")}
+    made = subprocess.run([sys.executable, "-m", "turingbox", "plan", "--gpus-json", H200,
+                           "--model", make_model_dir(str(d)), "--json"],
+                          capture_output=True, text=True, check=True, env={**env, "TMPDIR": str(d)})
+    plan = json.loads(made.stdout)
+    del plan["env"]["TURINGBOX_RUNTIME_DIR"]
+    assert "runtime_dir" not in plan["plugin"]
+    path = d / "plan.json"
+    path.write_text(json.dumps(plan))
+    return str(path), plan["cache_key"]
+
+
+@pytest.mark.parametrize("cache_mode, ending", [
+    ("private", "sigterm-when-ready"),
+    ("cold", "sigterm-during-startup"),
+    ("cold", "vllm-fails"),
+    ("private", "second-signal"),
+])
+def test_serve_removes_its_temporary_dirs_on_every_exit(serve_factory, tmp_path, plan_without_runtime_dir,
+                                                        cache_mode, ending):
+    """A private/cold cache copy and a mkdtemp runtime dir are serve's own: they go when it exits, however
+    it exits, so restarts do not fill TMPDIR. The configured cache volume stays."""
+    import filelock
+    plan_file, key = plan_without_runtime_dir
+    volume = tmp_path / "volume"
+    if cache_mode == "cold":
+        volume.write_text("a file, not a directory: the cache volume is unusable")
+    busy = filelock.FileLock(str(volume / "locks" / f"{key}.lock"))
+    if cache_mode == "private":                  # another process is seeding this entry
+        (volume / "locks").mkdir(parents=True)
+        busy.acquire()
+    env = {"TURINGBOX_CACHE_DIR": str(volume), "TURINGBOX_CACHE_LOCK_WAIT": "0.2", "TURINGBOX_RUNTIME_DIR": None,
+           "TURINGBOX_EXIT_LINGER_SECONDS": "0"}
+    env.update({"sigterm-during-startup": {"FAKE_VLLM_STAGE_SECONDS": "5"},
+                "vllm-fails": {"FAKE_VLLM_FAIL_AT": "compiling"},
+                "second-signal": {"FAKE_VLLM_IGNORE_SIGTERM": "1", "TURINGBOX_VLLM_STOP_GRACE_SECONDS": "30"},
+                }.get(ending, {}))
+    try:
+        s = serve_factory(plan_file=plan_file, env=env)
+        if ending == "vllm-fails":
+            assert s.wait_exit() == 1
+        elif ending == "sigterm-during-startup":
+            wait_until(lambda: s.alive() and s.get("/health/ready").json()["stage"] == "loading", 20, what="loading")
+            assert s.temporaries()
+            s.signal(signal.SIGTERM)
+            assert s.wait_exit() == 0
+        else:
+            s.wait_ready()
+            made = s.temporaries()
+            assert [n.rsplit("-", 1)[0] for n in made] == [f"turingbox-private-{key}", "turingbox-runtime"], made
+            s.signal(signal.SIGTERM)
+            if ending == "second-signal":
+                wait_until(lambda: s.events("sigterm"), 10, what="vLLM asked to stop (it ignores SIGTERM)")
+                s.signal(signal.SIGINT)
+                assert s.wait_exit() == 128 + signal.SIGINT
+            else:
+                assert s.wait_exit() == 0
+        status = s.cache_status()
+        assert status["mode"] == cache_mode and status["entry"].startswith(s.tmpdir + os.sep)
+        assert s.temporaries() == [], s.output()[-3000:]
+        if cache_mode == "private":              # the volume is someone else's: left as it was
+            assert sorted(os.listdir(volume)) == ["entries", "locks", "quarantine"]
+            assert os.listdir(volume / "locks") == [f"{key}.lock"]
+        else:
+            assert volume.is_file()
+    finally:
+        busy.release(force=True)

@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -331,6 +332,9 @@ class CacheSession:
 
     `finish(ok)` completes the manifest (ok=True) and releases the writer lock; call it once the
     engine is warm (strict warmup passed) or has failed. It is idempotent and never raises.
+    `close()` ends the session when the process exits, after the engine has stopped: it finishes an
+    unfinished session as failed and deletes the temporary copy of private/cold modes, so restarts
+    do not pile copies up in TMPDIR. The shared volume is never deleted.
     """
 
     key: str
@@ -338,30 +342,44 @@ class CacheSession:
     env: dict[str, str]
     status: dict[str, Any]
     root: str | None = None             # the shared cache root (None when it is unusable)
+    temp_dir: str | None = None         # the mkdtemp directory holding a private/cold entry; close() removes it
     _lock: filelock.BaseFileLock | None = field(default=None, repr=False)
     _finished: bool = field(default=False, repr=False)
+    # finish() may run in a thread (serve completes the entry off its event loop) while close() runs at exit.
+    _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def mode(self) -> str:
         return self.status["mode"]
 
     def finish(self, ok: bool) -> dict[str, Any]:
-        if self._finished:
+        with self._guard:
+            if self._finished:
+                return self.status
+            self._finished = True
+            try:
+                if self.mode == "shared":
+                    self._finish_shared(ok)
+                elif self.mode == "private" and ok and self.root:
+                    self._publish_private()
+            except OSError as exc:  # a full or vanished volume must not take serve down
+                _event(self.status, logging.WARNING, f"cache entry {self.key} could not be completed: {exc}")
+            finally:
+                if self._lock is not None:
+                    self._lock.release()
+                    self._lock = None
+            self.status["completed"] = bool(ok)
             return self.status
-        self._finished = True
-        try:
-            if self.mode == "shared":
-                self._finish_shared(ok)
-            elif self.mode == "private" and ok and self.root:
-                self._publish_private()
-        except OSError as exc:  # a full or vanished volume must not take serve down
-            _event(self.status, logging.WARNING, f"cache entry {self.key} could not be completed: {exc}")
-        finally:
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
-        self.status["completed"] = bool(ok)
-        return self.status
+
+    def close(self, wait: bool = True) -> None:
+        """finish(False) unless already finished (waiting for a finish still publishing), then delete
+        the temporary directory. wait=False (exiting at once) skips both waiting and finishing.
+        Idempotent, never raises."""
+        if wait:
+            self.finish(False)
+        temp, self.temp_dir = self.temp_dir, None
+        if temp:
+            shutil.rmtree(temp, ignore_errors=True)
 
     def _finish_shared(self, ok: bool) -> None:
         manifest = read_manifest(self.entry) or {}
@@ -471,19 +489,23 @@ def _private_copy(key: str, sources: list[str | None], inputs: Mapping[str, Any]
     """A temporary entry, seeded from the first usable source; (dir, source used)."""
     tmp = tempfile.mkdtemp(prefix=f"turingbox-{prefix}-{key}-")
     entry = os.path.join(tmp, key)
-    for src in sources:
-        if not src:
-            continue
-        try:
-            shutil.copytree(src, entry, symlinks=True)
-            make_owner_writable(entry)
-            return entry, src
-        except OSError as exc:
-            log.warning("could not copy cache entry %s: %s", src, exc)
-            shutil.rmtree(entry, ignore_errors=True)
-    os.makedirs(entry)
-    write_json_atomic(os.path.join(entry, MANIFEST), new_manifest(key, inputs, prefix))
-    return entry, None
+    try:
+        for src in sources:
+            if not src:
+                continue
+            try:
+                shutil.copytree(src, entry, symlinks=True)
+                make_owner_writable(entry)
+                return entry, src
+            except OSError as exc:
+                log.warning("could not copy cache entry %s: %s", src, exc)
+                shutil.rmtree(entry, ignore_errors=True)
+        os.makedirs(entry)
+        write_json_atomic(os.path.join(entry, MANIFEST), new_manifest(key, inputs, prefix))
+        return entry, None
+    except BaseException:   # e.g. TMPDIR full: no session will own the directory, so remove it here
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def plan_fingerprint(plan: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -514,6 +536,8 @@ def prepare_cache(plan: Mapping[str, Any], cache_root: str | None = None, *, bak
     baked_entry = _matching_source(baked, key, inputs, "baked", status)
 
     def session(mode: str, entry: str, result: str, source: str | None, lock=None, shared_root=None) -> CacheSession:
+        # private/cold entries live in their own mkdtemp directory (see _private_copy), which the session owns
+        temp_dir = os.path.dirname(entry) if mode != "shared" else None
         for sub, _var in CACHES.values():
             os.makedirs(os.path.join(entry, sub), exist_ok=True)
         if result == "miss" and resolved["aot_triton_dir"]:
@@ -527,7 +551,8 @@ def prepare_cache(plan: Mapping[str, Any], cache_root: str | None = None, *, bak
         verdict = ", ".join(f"{k} {v}" for k, v in status["caches"].items())
         _event(status, logging.INFO, f"cache {result} for {key} ({mode} entry {entry}"
                f"{', from ' + source if source else ''}): {verdict}")
-        return CacheSession(key=key, entry=entry, env=cache_env(entry), status=status, root=shared_root, _lock=lock)
+        return CacheSession(key=key, entry=entry, env=cache_env(entry), status=status, root=shared_root,
+                            temp_dir=temp_dir, _lock=lock)
 
     # 1. The volume must take a writer; otherwise run from a temporary directory.
     problem = volume_problem(root, min_free_bytes)

@@ -11,6 +11,7 @@ import datetime as _dt
 import importlib
 import json
 import os
+import shutil
 import sys
 from typing import Any, Mapping
 
@@ -214,6 +215,13 @@ def run_warmup(args) -> int:
     stage("cache")
     session = cache.prepare_cache(plan, values["cache_dir"], baked_root=values["baked_cache_dir"],
                                   lock_wait_s=values["cache_lock_wait"])
+    try:
+        return _seed(args, plan, session, values["warmup_timeout"])
+    finally:
+        session.close()   # a private/cold copy lives in TMPDIR: never leave it behind
+
+
+def _seed(args, plan: Mapping[str, Any], session: cache.CacheSession, timeout: float) -> int:
     for line in session.status["events"]:
         print(f"turingbox: {line}", flush=True)
     if session.status["result"] == "hit" and session.mode == "shared" and not getattr(args, "seed_only", False):
@@ -223,7 +231,7 @@ def run_warmup(args) -> int:
         return 0
     ok = False
     try:
-        _warm_engine(plan, session, values["warmup_timeout"], list(getattr(args, "vllm_passthrough", []) or []))
+        _warm_engine(plan, session, timeout, list(getattr(args, "vllm_passthrough", []) or []))
         ok = True
     except UsageError:
         raise
@@ -234,8 +242,8 @@ def run_warmup(args) -> int:
     stage("complete")
     _print_result(session, plan)
     if session.mode != "shared":
-        print(f"turingbox: warning: the entry was warmed in {session.mode} mode at {session.entry}, "
-              f"not written to {session.root or 'the cache volume'}", file=sys.stderr)
+        print(f"turingbox: warning: the entry was warmed in {session.mode} mode in a temporary copy (removed on "
+              f"exit), not written to {session.root or 'the cache volume'}", file=sys.stderr)
         return 1
     return 0
 
@@ -294,19 +302,30 @@ def _warm_engine(plan: Mapping[str, Any], session: cache.CacheSession, timeout: 
 
 
 async def _warm_engine_async(plan, session, timeout, passthrough) -> None:
-    import asyncio
     import tempfile
+
+    from turingbox.serve import options as serve_options  # declares vllm_command
+
+    del serve_options
+    vllm_command = settings.resolve(("vllm_command",))["vllm_command"]
+    configured_runtime_dir = (plan.get("plugin") or {}).get("runtime_dir")
+    runtime_dir = configured_runtime_dir or tempfile.mkdtemp(prefix="turingbox-runtime-")
+    try:
+        await _run_engine(plan, session, timeout, passthrough, vllm_command, runtime_dir)
+    finally:
+        if not configured_runtime_dir:    # ours (mkdtemp): the engine is stopped, nothing reads it any more
+            shutil.rmtree(runtime_dir, ignore_errors=True)
+
+
+async def _run_engine(plan, session, timeout, passthrough, vllm_command, runtime_dir) -> None:
+    import asyncio
     import time
 
     import httpx
     from turingbox.serve import controller, supervisor
-    from turingbox.serve import options as serve_options  # declares vllm_command
     from turingbox_plugin.status import read_worker_status
     from turingbox_warmup.active import run_active_warmup
 
-    del serve_options
-    vllm_command = settings.resolve(("vllm_command",))["vllm_command"]
-    runtime_dir = (plan.get("plugin") or {}).get("runtime_dir") or tempfile.mkdtemp(prefix="turingbox-runtime-")
     os.makedirs(runtime_dir, exist_ok=True)
     for name in os.listdir(runtime_dir):  # stale worker status must not pass the strict check
         if name.startswith("worker-") and name.endswith(".json"):

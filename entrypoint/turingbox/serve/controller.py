@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import sys
@@ -281,12 +282,14 @@ class Controller:
         self.tracker = stages.StartupTracker(on_change=self._stage_changed)
         self.state = ServeState(tracker=self.tracker, options=options, upstream_api_key=self.upstream_key)
         self.runtime_dir: str | None = None
+        self.own_runtime_dir: str | None = None   # made here with mkdtemp (not configured): removed at exit
         self.raw_plan: dict | None = None
         self.metrics = ServeMetrics(self.tracker, worker_status=self._worker_status,
                                     gpu_uuids=lambda: gpu_uuids_of(self.raw_plan))
         self.sidecar = Sidecar(self.state, self.metrics)
         self.supervisor = Supervisor(on_line=self.tracker.observe_log_line, redact=self.redact)
-        self.cache_session: Any = None
+        self.cache_session: Any = None      # until finished
+        self.cache_to_close: Any = None     # until exit: close() removes a private/cold temporary copy
         self.stop_requested = asyncio.Event()
         self.upstream_died = asyncio.Event()
         self.fatal: tuple[int, str] | None = None
@@ -309,6 +312,7 @@ class Controller:
             return
         log.warning("second signal (%s): stopping vLLM with SIGKILL and exiting now", name)
         self.supervisor.kill_now()
+        self._remove_temporaries(wait=False)
         logging.shutdown()
         with contextlib.suppress(Exception):
             sys.stdout.flush()
@@ -367,7 +371,22 @@ class Controller:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server_task, timeout=10)
             await self.sidecar.aclose()
+            # vLLM is stopped by now; a finish still publishing the entry completes first.
+            await _in_daemon_thread(self._remove_temporaries)
         return code
+
+    def _remove_temporaries(self, wait: bool = True) -> None:
+        """Delete what serve created in TMPDIR (runtime dir, private/cold cache copy), never configured dirs."""
+        session = self.cache_to_close     # kept until closed: a second signal meanwhile still removes it
+        if session is not None:
+            try:
+                session.close(wait=wait)
+            except Exception as exc:
+                log.warning("could not remove the temporary cache copy: %s", exc)
+            self.cache_to_close = None
+        runtime, self.own_runtime_dir = self.own_runtime_dir, None
+        if runtime:
+            shutil.rmtree(runtime, ignore_errors=True)
 
     async def _cancel(self, task: asyncio.Task) -> None:
         if not task.done():
@@ -465,8 +484,9 @@ class Controller:
         env.update(await self._prepare_cache(plan))
 
         # 3. vLLM
-        self.runtime_dir = (plan.get("plugin") or {}).get("runtime_dir") or env.get("TURINGBOX_RUNTIME_DIR") \
-            or tempfile.mkdtemp(prefix="turingbox-runtime-")
+        self.runtime_dir = (plan.get("plugin") or {}).get("runtime_dir") or env.get("TURINGBOX_RUNTIME_DIR")
+        if not self.runtime_dir:
+            self.runtime_dir = self.own_runtime_dir = tempfile.mkdtemp(prefix="turingbox-runtime-")
         os.makedirs(self.runtime_dir, exist_ok=True)
         env["TURINGBOX_RUNTIME_DIR"] = self.runtime_dir
         for name in os.listdir(self.runtime_dir):     # stale status from an earlier run must not pass the check
@@ -507,8 +527,14 @@ class Controller:
         except ImportError as exc:
             log.warning("compile caches not prepared: turingbox_warmup.cache is not available (%s)", exc)
             return {}
+
+        def prepare() -> Any:
+            # Recorded in the thread, so a SIGTERM that cancels the wait still finds the copy to remove.
+            self.cache_to_close = prepare_cache(plan, None)
+            return self.cache_to_close
+
         try:
-            self.cache_session = await _in_daemon_thread(prepare_cache, plan, None)
+            self.cache_session = await _in_daemon_thread(prepare)
         except Exception as exc:         # read-only or full volume: serve cold rather than not at all
             log.warning("compile caches unavailable, starting cold: %s", exc)
             return {}
