@@ -3,6 +3,8 @@
 # Idempotent; keeps /tmp between calls while the machine stays warm.  Usage: source tests/gpu/bootstrap.sh
 set -e
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+# Two session lanes may source this at once: the installs and the build run under one lock.
+exec 9>/tmp/bootstrap.lock; flock 9
 if [ ! -d /tmp/site/vllm ]; then bash .device-wheels/install.sh; fi
 # The project itself, fresh each call (the checkout changes between calls).
 python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site ./plugin . \
@@ -15,4 +17,5 @@ if [ "$(cat /tmp/gdnlib/libturingbox_gdn.sha256 2>/dev/null)" != "$gdn_sum" ]; t
     && echo "$gdn_sum" > /tmp/gdnlib/libturingbox_gdn.sha256 || echo "GDN build failed: see /tmp/gdn-build.log"
 fi
 [ -d /tmp/demo ] || python3 -m turingbox demo-model /tmp/demo
+flock -u 9
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader

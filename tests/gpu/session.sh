@@ -3,7 +3,9 @@
 # poll while it works.  Usage:  setsid nohup bash tests/gpu/session.sh PHASE... >/tmp/session.log 2>&1 &
 # Phases: smoke, gdn, cold, seeded, warm, gdnbench, aot, tp2 (TP=1 pairs with plain vLLM on two GPUs), and the
 # TP=2 series on both GPUs: tp2cold (+ real clients, interleaved proxy latency), tp2seeded, tp2warm, tp2baked;
-# greedy (turbo vs vLLM GDN tokens end to end).  Results go to /tmp/results (tests/gpu/poll.sh packs them).
+# greedy (turbo vs vLLM GDN tokens end to end), clients (4-layer demo: openai client, JIT check, proxy latency).
+# Two lanes at once (one GPU each): LANE=a bash session.sh ... & LANE=b bash session.sh ... ; each lane touches
+# /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both).  Results go to /tmp/results (tests/gpu/poll.sh packs them).
 set -u
 source tests/gpu/bootstrap.sh
 R=/tmp/results; mkdir -p $R /tmp/session
@@ -67,4 +69,4 @@ for phase in "$@"; do
   echo "=== $phase done rc=$? in $(( $(date +%s) - t0 )) s"
   touch /tmp/session/$phase.done
 done
-touch /tmp/session/all.done
+touch /tmp/session/${LANE:-all}.done

@@ -254,6 +254,10 @@ def main() -> int:
             t_after = time.perf_counter()
             rc = subprocess.run(["bash", "-c", args.after], env=after_env, timeout=900).returncode
             res["after"] = {"cmd": args.after, "rc": rc, "s": time.perf_counter() - t_after}
+            # The after-command's requests (tool calls, structured output, ...) count against "no JIT after ready" too.
+            _, metrics_after = get(8000, "/metrics")
+            res["after"]["jit_after_ready"] = [l for l in metrics_after.decode().splitlines()
+                                               if l.startswith("turingbox_jit_after_ready")]
             log(f"after-command rc={rc}")
     finally:
         stop(tb)
