@@ -57,6 +57,10 @@ for phase in "$@"; do
               timeout 600 python3 tests/gpu/side_by_side.py --model /tmp/demo4 --phase clients --gpus 0,0 --skip-plain \
                 --cache /tmp/tbcache-clients --out $R --no-decode --extra=--enforce-eager \
                 --after='SKIP_BENCH_SERVE=1 REAL_CLIENTS_JSON=real_clients-demo4.json python3 tests/gpu/real_clients.py > $OUT/real_clients-demo4.txt 2>&1; python3 tests/reliability/latency_bench.py --direct-port $DIRECT_PORT --proxy-port $PROXY_PORT --model $MODEL --requests 100 --json $OUT/proxy-latency.json > $OUT/proxy-latency.txt 2>&1' ;;
+    tools)    # the plugin's own tools on a GPU: doctor, verify (kernels vs references), check-model
+              for t in "doctor /tmp/demo" "verify --json" "check-model /tmp/demo"; do
+                echo "\$ turingbox $t"; CUDA_VISIBLE_DEVICES=$other timeout 300 python3 -m turingbox $t; echo "exit $?"
+              done > $R/tools.txt 2>&1 ;;
     greedy)   [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
               for m in vllm turbo; do
                 CUDA_VISIBLE_DEVICES=$other timeout 400 python3 tests/gpu/gdn_e2e_greedy.py run --mode $m --model /tmp/demo4 \
