@@ -104,3 +104,106 @@ def plan_waves(max_num_seqs: int, num_spec_tokens: int, max_model_len: int,
 
 def summarize(waves: list[Wave]) -> str:
     return ", ".join(f"{w.name}({len(w.requests)})" for w in waves)
+
+
+# -- structured output ------------------------------------------------------------------------
+# vLLM 0.21 applies a request's grammar in `apply_grammar_bitmask`
+# (vllm/v1/structured_output/utils.py), called from GPUModelRunner.sample_tokens, which launches
+# xgrammar's `apply_token_bitmask_inplace_kernel` (Triton) on the GPU logits as they are: no cast,
+# so in the model's logits dtype (bf16 for the demo model), shape (sampled rows, vocab). Its
+# arguments per launch: logits, the bitmask re-ordered to (logits rows, ceil(vocab / 32)) int32,
+# `indices` (None when every sampled row belongs to a structured request, else an int32 tensor of
+# those rows), num_rows = number of structured rows, vocab_size, the two row strides. Per model
+# only `indices` None-ness and num_rows' class vary, so there are at most 2 x 3 variants. A request
+# owns 1 + (scheduled draft tokens) logits rows, which is where MTP depth comes in.
+BITMASK_KERNEL = "apply_token_bitmask_inplace_kernel"
+
+
+def bitmask_cols(vocab_size: int) -> int:
+    """Columns of xgrammar's token bitmask: one int32 per 32 tokens (xgr.allocate_token_bitmask)."""
+    return -(-vocab_size // 32)
+
+
+@dataclass(frozen=True)
+class BitmaskCase:
+    """One engine step with structured requests, as apply_grammar_bitmask sees it."""
+    drafts: tuple[int, ...]        # scheduled draft tokens per request, in batch order
+    structured: tuple[bool, ...]   # which of those requests carry a grammar
+    vocab_size: int
+
+    @property
+    def logits_rows(self) -> int:
+        return sum(1 + d for d in self.drafts)
+
+    @property
+    def mask_rows(self) -> int:
+        """Rows of the scheduler's bitmask = the kernel's num_rows."""
+        return sum(1 + d for d, s in zip(self.drafts, self.structured) if s)
+
+    @property
+    def uses_indices(self) -> bool:
+        return self.mask_rows != self.logits_rows
+
+    @property
+    def grammar_bitmask_shape(self) -> tuple[int, int]:
+        """What the scheduler sends (GrammarOutput.grammar_bitmask, int32)."""
+        return (self.mask_rows, bitmask_cols(self.vocab_size))
+
+    @property
+    def kernel_bitmask_shape(self) -> tuple[int, int]:
+        """What the kernel gets after apply_grammar_bitmask re-orders it to the logits rows."""
+        return (self.logits_rows, bitmask_cols(self.vocab_size))
+
+    @property
+    def key(self) -> tuple[bool, str]:
+        """The launch's specialisation inside one model: indices None-ness and num_rows' class."""
+        return (self.uses_indices, int_class(self.mask_rows))
+
+    @property
+    def name(self) -> str:
+        return (f"bitmask-{self.mask_rows}of{self.logits_rows}rows-"
+                f"{'indices' if self.uses_indices else 'noindices'}")
+
+
+def _structured_drafts(rows: int, k: int) -> tuple[int, ...]:
+    """Fewest requests owning `rows` logits rows at draft depth <= k (full drafts first)."""
+    n = -(-rows // (k + 1))
+    left = rows - n
+    drafts = []
+    for _ in range(n):
+        d = min(k, left)
+        drafts.append(d)
+        left -= d
+    return tuple(drafts)
+
+
+def plan_bitmask_cases(vocab_size: int, max_num_seqs: int, num_spec_tokens: int) -> list[BitmaskCase]:
+    """One step per reachable (indices None-ness, num_rows class), with the smallest batch that has it.
+
+    All-structured batches can own 1 .. max_num_seqs * (k + 1) rows; a batch that mixes in one
+    unstructured request (its rows are skipped through `indices`) needs max_num_seqs >= 2. "other"
+    prefers k + 1 rows (one request decoding with a full draft, the commonest real step).
+    """
+    if vocab_size < 1 or max_num_seqs < 1:
+        raise ValueError(f"cannot plan structured-output warmup for vocab_size={vocab_size}, "
+                         f"max_num_seqs={max_num_seqs}")
+    k = max(0, num_spec_tokens)
+    per_req = k + 1
+    cases: list[BitmaskCase] = []
+    for uses_indices in (False, True):
+        max_rows = (max_num_seqs - (1 if uses_indices else 0)) * per_req
+        candidates = {"one": 1, "other": per_req if int_class(per_req) == "other" else 2, "div16": 16}
+        for cls in ("one", "other", "div16"):
+            rows = candidates[cls]
+            if rows > max_rows:
+                continue
+            drafts = _structured_drafts(rows, k)
+            structured = (True,) * len(drafts)
+            if uses_indices:  # an unstructured request mid-decode ahead of the structured ones
+                drafts, structured = (k,) + drafts, (False,) + structured
+            cases.append(BitmaskCase(drafts, structured, vocab_size))
+    return cases
+
+
+def summarize_bitmask(cases: list[BitmaskCase]) -> str:
+    return ", ".join(c.name for c in cases)

@@ -193,4 +193,26 @@ class TuringboxWorker(Worker):
         waves = plan_waves(summary["max_num_seqs"], summary["num_speculative_tokens"], summary["max_model_len"],
                            summary["max_num_batched_tokens"], tuple(summary["cudagraph_capture_sizes"]))
         log.info("turingbox strict warmup: %s", summarize(waves))
-        return driver.run_waves(self, waves)
+        report = driver.run_waves(self, waves)
+        report.extend(self._structured_output_warmup(summary))
+        return report
+
+    def _structured_output_warmup(self, summary: dict[str, Any]) -> list[dict]:
+        """Grammar requests' bitmask kernel (see structured.py); skipped with one line where it cannot run."""
+        from turingbox_plugin import structured
+        from turingbox_plugin.warmup_plan import plan_bitmask_cases, summarize_bitmask
+
+        reason = structured.skip_reason(self)
+        if reason:
+            log.info("turingbox strict warmup: structured-output bitmask skipped: %s", reason)
+            return [{"wave": "structured-output-bitmask", "skipped": reason}]
+        cases = plan_bitmask_cases(self.vllm_config.model_config.get_vocab_size(), summary["max_num_seqs"],
+                                   summary["num_speculative_tokens"])
+        log.info("turingbox strict warmup: structured-output bitmask: %s", summarize_bitmask(cases))
+        compiled = self.tb_accountant.before_ready if self.tb_accountant.installed else None
+        try:
+            return [structured.run_bitmask_warmup(self, cases, compiled)]
+        except structured.StructuredWarmupError as exc:
+            from turingbox_plugin.driver import WarmupError
+
+            raise WarmupError(str(exc)) from exc

@@ -14,6 +14,7 @@ import pytest
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FAKE_VLLM = os.path.join(REPO, "tests", "fakes", "fake_vllm.py")
 TTFT_SERVER = os.path.join(os.path.dirname(__file__), "ttft_server.py")
+OPENAI_RECORDER = os.path.join(os.path.dirname(__file__), "openai_recorder.py")
 def _real_config() -> str:
     """The published Qwen3.6-27B config.json (shared/models), as the appliance ships it."""
     in_repo = os.path.join(REPO, "entrypoint", "turingbox", "data", "qwen3.6-27b.json")
@@ -93,6 +94,24 @@ def ttft_server():
     yield url, 0.03, 0.00005
     proc.terminate()
     proc.wait(timeout=5)
+
+
+@pytest.fixture
+def openai_recorder(tmp_path):
+    """start(mode) -> (url, record file): a server recording request bodies (see openai_recorder.py)."""
+    procs = []
+
+    def start(mode: str = ""):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        record = tmp_path / f"requests-{len(procs)}.jsonl"
+        procs.append(_start([sys.executable, OPENAI_RECORDER, str(port), str(record), mode], url))
+        return url, record
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(timeout=5)
 
 
 @pytest.fixture

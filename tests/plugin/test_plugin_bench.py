@@ -114,13 +114,14 @@ def test_active_warmup_runs_every_shape(fake_vllm_factory, tmp_path):
     url = fake_vllm_factory(env={"FAKE_VLLM_EVENTS": str(events)})
     r = run_active_warmup(url, "demo", timeout=60, concurrencies=(1, 3))
     assert [x["name"] for x in r["requests"]] == ["chat-greedy", "chat-sampled-stream", "completion-greedy-stream",
-                                                  "completion-sampled", "chat-long-prompt", "chat-tool-call"]
+                                                  "completion-sampled", "chat-long-prompt", "chat-tool-call",
+                                                  "chat-forced-tool-call", "chat-json-object"]
     assert [b["concurrency"] for b in r["concurrency"]] == [1, 3]
     assert all(x["ttft_seconds"] is not None for x in r["requests"] if "stream" in x["name"])
     seen = [json.loads(l) for l in events.read_text().splitlines() if '"request"' in l]
     seen = [e for e in seen if e.get("kind", e.get("event")) == "request"] or seen
     assert sum(1 for e in seen if e.get("stream")) >= 2
-    assert len(seen) == 6 + 1 + 3
+    assert len(seen) == 8 + 1 + 3
     assert max(e["bytes"] for e in seen) > 10_000                      # the long prompt really is long
 
 
@@ -136,6 +137,47 @@ def test_active_warmup_auth(fake_vllm_factory):
     with pytest.raises(WarmupError, match="HTTP 401"):
         run_active_warmup(url, "demo", timeout=30)
     assert run_active_warmup(url, "demo", api_key="s3cret", timeout=30, concurrencies=(2,))["requests"]
+
+
+def _recorded_bodies(record) -> list[dict]:
+    return [json.loads(line)["body"] for line in record.read_text().splitlines()]
+
+
+def test_active_warmup_sends_grammar_requests_with_thinking_off(openai_recorder):
+    url, record = openai_recorder()
+    r = run_active_warmup(url, "demo", timeout=60, concurrencies=(1,))
+    results = {x["name"]: x for x in r["requests"]}
+    assert results["chat-forced-tool-call"]["structured_applied"] is True
+    assert results["chat-json-object"]["structured_applied"] is True
+    bodies = _recorded_bodies(record)
+    forced = [b for b in bodies if isinstance(b.get("tool_choice"), dict)]
+    assert len(forced) == 1 and forced[0]["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert forced[0]["tools"][0]["function"]["name"] == "get_weather" and not forced[0].get("stream")
+    json_mode = [b for b in bodies if b.get("response_format")]
+    assert len(json_mode) == 1 and json_mode[0]["response_format"] == {"type": "json_object"}
+    for b in forced + json_mode:
+        assert b["chat_template_kwargs"] == {"enable_thinking": False} and b["max_tokens"] == 32
+
+
+def test_active_warmup_grammar_refusal_is_not_fatal(openai_recorder):
+    url, _ = openai_recorder("refuse")
+    r = run_active_warmup(url, "demo", timeout=60, concurrencies=(2,))
+    results = {x["name"]: x for x in r["requests"]}
+    for name in ("chat-forced-tool-call", "chat-json-object"):
+        assert "HTTP 400" in results[name]["skipped"] and "structured outputs are not supported" in results[name]["skipped"]
+    assert "skipped" not in results["chat-greedy"] and results["chat-tool-call"]["chunks"] == 1
+    assert r["concurrency"][0]["concurrency"] == 2
+
+
+def test_active_warmup_grammar_requests_are_time_bounded(openai_recorder, monkeypatch):
+    from turingbox_warmup import active
+
+    monkeypatch.setattr(active, "OPTIONAL_TIMEOUT_S", 0.5)
+    url, _ = openai_recorder("slow")
+    r = run_active_warmup(url, "demo", timeout=60, concurrencies=())
+    results = {x["name"]: x for x in r["requests"]}
+    assert "ReadTimeout" in results["chat-forced-tool-call"]["skipped"]   # the server answers after 5 s
+    assert "skipped" not in results["completion-sampled"]
 
 
 def test_concurrencies_for_plan():

@@ -31,6 +31,14 @@ TOOLS = [{
 }]
 
 
+# Requests whose failure is recorded, not raised: a server may refuse grammars (no xgrammar, a model
+# or template without tool support) and still serve everything else. Each has its own time bound.
+OPTIONAL_TIMEOUT_S = 120.0
+# Thinking off: Qwen3-style reasoning parsers apply the grammar only after the reasoning ends, so
+# with thinking on a short request may never reach the grammar bitmask at all.
+NO_THINKING = {"enable_thinking": False}
+
+
 def long_prompt(approx_tokens: int) -> str:
     # ~25 tokens per paragraph for BPE tokenizers; precision does not matter, length does.
     return LONG_PARAGRAPH * max(1, approx_tokens // 25) + "\nSummarise the text above in one sentence."
@@ -57,8 +65,29 @@ def build_requests(model: str, max_tokens: int, long_tokens: int) -> list[dict[s
         {"name": "chat-tool-call", "path": "/v1/chat/completions", "stream": False,
          "body": {"model": model, "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
                   "tools": TOOLS, "tool_choice": "auto", "max_tokens": max_tokens, "temperature": 0.0}},
+        # Structured output: vLLM compiles a grammar in the engine core (the xgrammar backend and
+        # tokenizer info are built on the first one, seconds) and masks logits in the workers.
+        {"name": "chat-forced-tool-call", "path": "/v1/chat/completions", "stream": False, "optional": True,
+         "structured": "tool_call",
+         "body": {"model": model, "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+                  "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                  "chat_template_kwargs": NO_THINKING, "max_tokens": max_tokens, "temperature": 0.0}},
+        {"name": "chat-json-object", "path": "/v1/chat/completions", "stream": False, "optional": True,
+         "structured": "json",
+         "body": {"model": model, "messages": [{"role": "user", "content":
+                  "Reply with a JSON object with keys city and country for Paris."}],
+                  "response_format": {"type": "json_object"}, "chat_template_kwargs": NO_THINKING,
+                  "max_tokens": max_tokens, "temperature": 0.0}},
     ]
     return reqs
+
+
+def structured_applied(kind: str, data: dict[str, Any]) -> bool:
+    """Whether a non-streamed chat answer has the shape the grammar forces (informational)."""
+    message = (data.get("choices") or [{}])[0].get("message") or {}
+    if kind == "tool_call":
+        return bool(message.get("tool_calls"))
+    return str(message.get("content") or "").lstrip().startswith("{")
 
 
 def _one(client: Any, req: dict[str, Any], clock: Callable[[], float]) -> dict[str, Any]:
@@ -68,6 +97,7 @@ def _one(client: Any, req: dict[str, Any], clock: Callable[[], float]) -> dict[s
     t0 = clock()
     first = None
     chunks = 0
+    applied = None
     try:
         if req["stream"]:
             with client.stream("POST", req["path"], json=req["body"]) as r:
@@ -92,7 +122,8 @@ def _one(client: Any, req: dict[str, Any], clock: Callable[[], float]) -> dict[s
             if chunks == 0:
                 raise WarmupError(f"active warmup request {req['name']} streamed no token.")
         else:
-            r = client.post(req["path"], json=req["body"])
+            bound = {"timeout": req["timeout"]} if "timeout" in req else {}
+            r = client.post(req["path"], json=req["body"], **bound)
             if r.status_code != 200:
                 raise WarmupError(f"active warmup request {req['name']} got HTTP {r.status_code}: "
                                   f"{r.text.strip()[:200]}")
@@ -100,13 +131,30 @@ def _one(client: Any, req: dict[str, Any], clock: Callable[[], float]) -> dict[s
             if not data.get("choices"):
                 raise WarmupError(f"active warmup request {req['name']} returned no choices.")
             chunks = 1
+            if req.get("structured"):
+                applied = structured_applied(req["structured"], data)
     except httpx.HTTPError as exc:
         raise WarmupError(f"active warmup request {req['name']} failed: {type(exc).__name__}: {exc}.") from None
     except ValueError as exc:
         raise WarmupError(f"active warmup request {req['name']} returned invalid JSON ({exc}).") from None
     total = clock() - t0
-    return {"name": req["name"], "seconds": round(total, 4),
-            "ttft_seconds": round(first, 4) if first is not None else None, "chunks": chunks}
+    result = {"name": req["name"], "seconds": round(total, 4),
+              "ttft_seconds": round(first, 4) if first is not None else None, "chunks": chunks}
+    if applied is not None:
+        result["structured_applied"] = applied
+    return result
+
+
+def _one_or_skip(client: Any, req: dict[str, Any], clock: Callable[[], float]) -> dict[str, Any]:
+    """Optional requests: a failure becomes {"skipped": sentence} in the result instead of an error."""
+    if not req.get("optional"):
+        return _one(client, req, clock)
+    t0 = clock()
+    try:
+        return _one(client, req, clock)
+    except WarmupError as exc:
+        return {"name": req["name"], "seconds": round(clock() - t0, 4), "ttft_seconds": None, "chunks": 0,
+                "skipped": str(exc)}
 
 
 def run_active_warmup(base_url: str, model: str, api_key: str | None = None, timeout: float = 600.0,
@@ -120,7 +168,8 @@ def run_active_warmup(base_url: str, model: str, api_key: str | None = None, tim
     launched every kernel specialisation: sequentially they cost ~4.7 s on an H200, together about one
     request's time. max_tokens 32 gives several MTP draft/verify rounds at depth <= 7; the concurrency
     sweep uses half of it. Returns timings per request and per concurrency; raises WarmupError (one
-    sentence) on the first failure.
+    sentence) on the first failure of a required request. Optional (structured-output) requests
+    are bounded by OPTIONAL_TIMEOUT_S and a failure is reported as "skipped" in their result.
     """
     import httpx
 
@@ -130,8 +179,11 @@ def run_active_warmup(base_url: str, model: str, api_key: str | None = None, tim
     deadline = started + timeout
     with httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout) as client:
         reqs = build_requests(model, max_tokens, long_prompt_tokens)
+        for req in reqs:
+            if req.get("optional"):
+                req["timeout"] = min(timeout, OPTIONAL_TIMEOUT_S)
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(reqs)) as pool:
-            futures = [pool.submit(_one, client, req, clock) for req in reqs]
+            futures = [pool.submit(_one_or_skip, client, req, clock) for req in reqs]
             results = [f.result() for f in futures]  # in request order; re-raises the first WarmupError
         sweep = build_requests(model, max(1, max_tokens // 2), long_prompt_tokens)
         for n in sorted(set(c for c in concurrencies if c >= 1)):
