@@ -5,13 +5,14 @@
 # TP=2 series on both GPUs: tp2cold (+ real clients, interleaved proxy latency), tp2seeded, tp2warm, tp2baked;
 # greedy (turbo vs vLLM GDN tokens end to end), clients (4-layer demo: openai client, JIT check, proxy latency).
 # Two lanes at once (one GPU each): LANE=a bash session.sh ... & LANE=b bash session.sh ... ; each lane touches
-# /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both).  Results go to /tmp/results (tests/gpu/poll.sh packs them).
+# /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both); LANE_GPU picks the lane's GPU.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
 set -u
 source tests/gpu/bootstrap.sh
 R=/tmp/results; mkdir -p $R /tmp/session
 ngpu=$(nvidia-smi -L | wc -l)
 pair=$([ "$ngpu" -ge 2 ] && echo 0,1 || echo 0,0)
 other=$([ "$ngpu" -ge 2 ] && echo 1 || echo 0)
+one=${LANE_GPU:-$other}     # the GPU of the one-GPU phases (gdn, gdnbench, tools, greedy, clients) in this lane
 for phase in "$@"; do
   echo "=== $phase start $(date +%T)"
   t0=$(date +%s)
@@ -20,8 +21,8 @@ for phase in "$@"; do
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
               timeout 400 python3 tests/gpu/side_by_side.py --model /tmp/demo4 --phase smoke --gpus 0,0 --skip-plain \
                 --cache /tmp/tbcache-smoke --out $R --ready-limit 300 --extra=--enforce-eager ;;
-    gdn)      CUDA_VISIBLE_DEVICES=$other OUT=$R timeout 600 python3 tests/gpu/gdn_correctness.py > $R/gdn_correctness.txt 2>&1 ;;
-    gdnbench) CUDA_VISIBLE_DEVICES=$other OUT=$R timeout 400 python3 tests/gpu/gdn_bench.py > $R/gdn_bench.txt 2>&1 ;;
+    gdn)      CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 600 python3 tests/gpu/gdn_correctness.py > $R/gdn_correctness.txt 2>&1 ;;
+    gdnbench) CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 400 python3 tests/gpu/gdn_bench.py > $R/gdn_bench.txt 2>&1 ;;
     cold)     timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase cold --gpus $pair \
                 --cache /tmp/tbcache --out $R ;;
     seeded)   # the cold run's caches copied to fresh paths: what a new volume seeded elsewhere looks like
@@ -52,18 +53,19 @@ for phase in "$@"; do
               timeout 600 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp2baked --gpus 0,0 --skip-plain \
                 --cache /tmp/tbc2-frombaked --out $R --env CUDA_VISIBLE_DEVICES=0,1 --env TURINGBOX_BAKED_CACHE_DIR=/tmp/baked \
                 --no-decode ;;
-    clients)  # the openai client's tool-call checks and the interleaved proxy latency on the 4-layer demo (eager, quick start)
+    clients)  # the openai client (tool calls: structured output, then the JIT counters) and the interleaved proxy latency,
+              # on the 4-layer demo with CUDA graphs like the appliance
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
-              timeout 600 python3 tests/gpu/side_by_side.py --model /tmp/demo4 --phase clients --gpus 0,0 --skip-plain \
-                --cache /tmp/tbcache-clients --out $R --no-decode --extra=--enforce-eager \
+              timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo4 --phase clients --gpus $one,$one --skip-plain \
+                --cache /tmp/tbcache-clients --out $R --no-decode --ready-limit 800 \
                 --after='SKIP_BENCH_SERVE=1 REAL_CLIENTS_JSON=real_clients-demo4.json python3 tests/gpu/real_clients.py > $OUT/real_clients-demo4.txt 2>&1; python3 tests/reliability/latency_bench.py --direct-port $DIRECT_PORT --proxy-port $PROXY_PORT --model $MODEL --requests 100 --json $OUT/proxy-latency.json > $OUT/proxy-latency.txt 2>&1' ;;
     tools)    # the plugin's own tools on a GPU: doctor, verify (kernels vs references), check-model
               for t in "doctor /tmp/demo" "verify --json" "check-model /tmp/demo"; do
-                echo "\$ turingbox $t"; CUDA_VISIBLE_DEVICES=$other timeout 300 python3 -m turingbox $t; echo "exit $?"
+                echo "\$ turingbox $t"; CUDA_VISIBLE_DEVICES=$one timeout 300 python3 -m turingbox $t; echo "exit $?"
               done > $R/tools.txt 2>&1 ;;
     greedy)   [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
               for m in vllm turbo; do
-                CUDA_VISIBLE_DEVICES=$other timeout 400 python3 tests/gpu/gdn_e2e_greedy.py run --mode $m --model /tmp/demo4 \
+                CUDA_VISIBLE_DEVICES=$one timeout 400 python3 tests/gpu/gdn_e2e_greedy.py run --mode $m --model /tmp/demo4 \
                   --out $R/greedy-$m.json > $R/greedy-$m.log 2>&1
               done
               python3 tests/gpu/gdn_e2e_greedy.py compare $R/greedy-vllm.json $R/greedy-turbo.json --json $R/greedy-compare.json \
