@@ -3,7 +3,7 @@
 # poll while it works.  Usage:  setsid nohup bash tests/gpu/session.sh PHASE... >/tmp/session.log 2>&1 &
 # Phases: smoke, gdn, cold, seeded, warm, gdnbench, aot, tp2 (TP=1 pairs with plain vLLM on two GPUs), and the
 # TP=2 series on both GPUs: tp2cold (+ real clients, interleaved proxy latency), tp2seeded, tp2warm, tp2baked;
-# greedy (turbo vs vLLM GDN tokens end to end), clients (4-layer demo: openai client, JIT check, proxy latency).
+# tp4cold, tp4seeded, tp4mtp3 (four GPUs, issue 7); greedy (turbo vs vLLM GDN tokens end to end), clients (4-layer demo: openai client, JIT check, proxy latency).
 # Two lanes at once (one GPU each): LANE=a bash session.sh ... & LANE=b bash session.sh ... ; each lane touches
 # /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both); LANE_GPU picks the lane's GPU.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
 set -u
@@ -53,6 +53,15 @@ for phase in "$@"; do
               timeout 600 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp2baked --gpus 0,0 --skip-plain \
                 --cache /tmp/tbc2-frombaked --out $R --env CUDA_VISIBLE_DEVICES=0,1 --env TURINGBOX_BAKED_CACHE_DIR=/tmp/baked \
                 --no-decode ;;
+    tp4cold)  # issue 7 (nvidia-h200-x4): TP=4 with the sm_75 MTP rule forced (TURINGBOX_MTP=4), empty caches, benches
+              timeout 1500 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp4cold --gpus 0,0 --skip-plain \
+                --cache /tmp/tbc4 --out $R --ready-limit 1200 --env CUDA_VISIBLE_DEVICES=0,1,2,3 --env TURINGBOX_MTP=4 --bench ;;
+    tp4seeded) rm -rf /tmp/tbc4-seeded; cp -a /tmp/tbc4 /tmp/tbc4-seeded
+              timeout 600 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp4seeded --gpus 0,0 --skip-plain \
+                --cache /tmp/tbc4-seeded --out $R --env CUDA_VISIBLE_DEVICES=0,1,2,3 --env TURINGBOX_MTP=4 --no-decode ;;
+    tp4mtp3)  # the same TP=4 plan at MTP=3 (another cache key: MTP depth is in the fingerprint), benches for 3 vs 4
+              timeout 1500 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp4mtp3 --gpus 0,0 --skip-plain \
+                --cache /tmp/tbc4 --out $R --ready-limit 1200 --env CUDA_VISIBLE_DEVICES=0,1,2,3 --env TURINGBOX_MTP=3 --bench ;;
     clients)  # the openai client (tool calls: structured output, then the JIT counters) and the interleaved proxy latency,
               # on the 4-layer demo with CUDA graphs like the appliance
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
