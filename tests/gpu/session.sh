@@ -3,7 +3,7 @@
 # poll while it works.  Usage:  setsid nohup bash tests/gpu/session.sh PHASE... >/tmp/session.log 2>&1 &
 # Phases: smoke, gdn, cold, seeded, warm, gdnbench, aot, tp2 (TP=1 pairs with plain vLLM on two GPUs), and the
 # TP=2 series on both GPUs: tp2cold (+ real clients, interleaved proxy latency), tp2seeded, tp2warm, tp2baked;
-# tp4cold, tp4seeded, tp4mtp3 (four GPUs, issue 7); greedy (turbo vs vLLM GDN tokens end to end), clients (4-layer demo: openai client, JIT check, proxy latency).
+# tp4cold, tp4seeded, tp4mtp3 (four GPUs, issue 7); seedonly (warmup --seed-only, then clients starts from a copy); greedy (turbo vs vLLM GDN tokens end to end), clients (4-layer demo: openai client, JIT check, proxy latency).
 # Two lanes at once (one GPU each): LANE=a bash session.sh ... & LANE=b bash session.sh ... ; each lane touches
 # /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both); LANE_GPU picks the lane's GPU.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
 set -u
@@ -62,6 +62,15 @@ for phase in "$@"; do
     tp4mtp3)  # the same TP=4 plan at MTP=3 (another cache key: MTP depth is in the fingerprint), benches for 3 vs 4
               timeout 1500 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp4mtp3 --gpus 0,0 --skip-plain \
                 --cache /tmp/tbc4 --out $R --ready-limit 1200 --env CUDA_VISIBLE_DEVICES=0,1,2,3 --env TURINGBOX_MTP=3 --bench ;;
+    seedonly) # issue 5's seeding path: `turingbox warmup --seed-only` fills an entry in its own process and stops; the
+              # clients phase then starts from a fresh copy of it
+              [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
+              rm -rf /tmp/tbcache-seedonly /tmp/tbcache-clients
+              CUDA_VISIBLE_DEVICES=$one timeout 900 python3 -m turingbox warmup --seed-only --model /tmp/demo4 \
+                --cache-dir /tmp/tbcache-seedonly > $R/warmup-seedonly.log 2>&1
+              echo "warmup --seed-only exit $?" >> $R/warmup-seedonly.log
+              python3 -m turingbox cache show --cache-dir /tmp/tbcache-seedonly >> $R/warmup-seedonly.log 2>&1
+              cp -a /tmp/tbcache-seedonly /tmp/tbcache-clients ;;
     clients)  # the openai client (tool calls: structured output, then the JIT counters) and the interleaved proxy latency,
               # on the 4-layer demo with CUDA graphs like the appliance
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
