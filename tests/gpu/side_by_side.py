@@ -118,6 +118,18 @@ def kv_reported(log_path: str) -> dict:
     return out
 
 
+def metric_lines(port: int, prefix: str) -> list[str] | str:
+    """The sidecar's /metrics lines starting with `prefix`, or why they could not be read (a server that never
+    became ready or died must not cost the phase its JSON)."""
+    try:
+        status, body = get(port, "/metrics")
+    except OSError as exc:
+        return f"unreadable: {exc}"
+    if status != 200:
+        return f"unreadable: HTTP {status}"
+    return [l for l in body.decode(errors="replace").splitlines() if l.startswith(prefix)]
+
+
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -236,28 +248,35 @@ def main() -> int:
         plain, plain_log = start_plain()
     try:
         res["turingbox"] = measure("turingbox", 8000, tb, "/health/ready", extra_ports=[("direct_upstream", 8100)])
-        status, metrics = get(8000, "/metrics")
-        res["turingbox"]["jit_after_ready"] = [l for l in metrics.decode().splitlines()
-                                               if l.startswith("turingbox_jit_after_ready")]
-        res["turingbox"]["startup_stage_seconds"] = {
+        tb_ready = res["turingbox"]["ready_s"] is not None
+        res["turingbox"]["jit_after_ready"] = metric_lines(8000, "turingbox_jit_after_ready")
+        stages = metric_lines(8000, "turingbox_startup_stage_seconds")
+        res["turingbox"]["startup_stage_seconds"] = stages if isinstance(stages, str) else {
             m.group(1): float(m.group(2)) for m in re.finditer(
-                r'^turingbox_startup_stage_seconds\{stage="(\w+)"\} (\S+)$', metrics.decode(), re.M)}
+                r'^turingbox_startup_stage_seconds\{stage="(\w+)"\} (\S+)$', "\n".join(stages), re.M)}
         if plain is None and not args.skip_plain:
             stop(tb)
             launched["plain"] = time.perf_counter()
             plain, plain_log = start_plain()
         if plain is not None:
             res["plain"] = measure("plain", 8200, plain, "/health", ())
-        if args.after:
+        if args.after and not tb_ready:
+            res["after"] = {"cmd": args.after, "skipped": "turingbox never became ready"}
+            log("after-command skipped: turingbox never became ready")
+        elif args.after:
             after_env = dict(os.environ, PROXY_PORT="8000", DIRECT_PORT="8100", PLAIN_PORT="8200", MODEL=served,
                              OUT=args.out, TOKENIZER=args.model)
             t_after = time.perf_counter()
-            rc = subprocess.run(["bash", "-c", args.after], env=after_env, timeout=900).returncode
+            # Own process group, killed whole on timeout: its clients must not outlive the servers.
+            after = subprocess.Popen(["bash", "-c", args.after], env=after_env, start_new_session=True)
+            try:
+                rc = after.wait(timeout=900)
+            except subprocess.TimeoutExpired:
+                stop(after)
+                rc = 124
             res["after"] = {"cmd": args.after, "rc": rc, "s": time.perf_counter() - t_after}
             # The after-command's requests (tool calls, structured output, ...) count against "no JIT after ready" too.
-            _, metrics_after = get(8000, "/metrics")
-            res["after"]["jit_after_ready"] = [l for l in metrics_after.decode().splitlines()
-                                               if l.startswith("turingbox_jit_after_ready")]
+            res["after"]["jit_after_ready"] = metric_lines(8000, "turingbox_jit_after_ready")
             log(f"after-command rc={rc}")
     finally:
         stop(tb)
