@@ -90,15 +90,21 @@ for phase in "$@"; do
               for t in "doctor /tmp/demo" "verify --json" "check-model /tmp/demo"; do
                 echo "\$ turingbox $t"; CUDA_VISIBLE_DEVICES=$one timeout 300 python3 -m turingbox $t; echo "exit $?"
               done > $R/tools.txt 2>&1 ;;
-    greedy)   [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
-              # vllm first: it pays the FLA autotune on a cold Triton cache, which the turbo run then reuses
-              for m in vllm turbo; do
+    greedy|greedy-vllm|greedy-turbo)
+              # greedy runs both modes here; greedy-vllm / greedy-turbo run one each (one per lane), greedy-compare
+              # compares whatever both have written. vllm first: it pays the FLA autotune on a cold Triton cache.
+              [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
+              modes=$([ $phase = greedy ] && echo "vllm turbo" || echo "${phase#greedy-}")
+              for m in $modes; do
                 CUDA_VISIBLE_DEVICES=$one timeout $([ $m = vllm ] && echo 600 || echo 450) python3 tests/gpu/gdn_e2e_greedy.py \
                   run --mode $m --model /tmp/demo4 --out $R/greedy-$m.json > $R/greedy-$m.log 2>&1
                 echo "greedy $m exit $?" >> $R/greedy-$m.log
               done
-              python3 tests/gpu/gdn_e2e_greedy.py compare $R/greedy-vllm.json $R/greedy-turbo.json --json $R/greedy-compare.json \
-                > $R/greedy-compare.txt 2>&1 ;;
+              [ $phase = greedy ] && python3 tests/gpu/gdn_e2e_greedy.py compare $R/greedy-vllm.json $R/greedy-turbo.json \
+                --json $R/greedy-compare.json > $R/greedy-compare.txt 2>&1 ;;
+    greedy-compare)
+              python3 tests/gpu/gdn_e2e_greedy.py compare $R/greedy-vllm.json $R/greedy-turbo.json \
+                --json $R/greedy-compare.json > $R/greedy-compare.txt 2>&1 ;;
     *)        echo "unknown phase $phase" ;;
   esac
   echo "=== $phase done rc=$? in $(( $(date +%s) - t0 )) s"
