@@ -22,7 +22,9 @@ Specializations come from two places:
 CLI (runs in the Docker build, where vLLM is installed):
     python -m turingbox_warmup.aot [--specs specs.jsonl] --arch 7.5,8.0,8.6,8.9,9.0 --out DIR
 Without --specs it compiles the records shipped in aot_specs/*.jsonl (derived from vLLM 0.21's
-launch sites for turingbox's plans by aot_specs/derive.py; see the comment line of each file).
+launch sites, and xgrammar's bitmask kernel as vLLM launches it, for turingbox's plans by
+aot_specs/derive.py; see the comment line of each file). Records of an OPTIONAL_PACKAGES package
+that is not installed are skipped with one line on stderr.
 """
 from __future__ import annotations
 
@@ -37,6 +39,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 ARCHS = ("7.5", "8.0", "8.6", "8.9", "9.0")
+# Packages whose kernels are baked when installed and skipped (one line, no failure) when not: vLLM
+# imports xgrammar only for grammar requests, so an image without it never launches its kernel.
+OPTIONAL_PACKAGES = {"xgrammar": "grammar requests' bitmask kernel"}
 # Keyword arguments a launch passes that end up in the compile options (the rest are target defaults).
 LAUNCH_OPTIONS = ("num_warps", "num_ctas", "num_stages", "maxnreg", "enable_fp_fusion",
                   "launch_cooperative_grid", "launch_pdl", "debug", "instrumentation_mode")
@@ -311,6 +316,18 @@ def diff_records(captured: Iterable[Mapping[str, Any]], shipped: Iterable[Mappin
             "shipped_not_captured": [ship[k] for k in sorted(ship.keys() - cap.keys())]}
 
 
+def absent_optional_package(qualname: str, source_roots: Mapping[str, str] | None = None) -> str | None:
+    """The OPTIONAL_PACKAGES name `qualname` belongs to when that package is not installed, else None."""
+    from importlib.util import find_spec
+    top = qualname.partition(":")[0].partition(".")[0]
+    if top not in OPTIONAL_PACKAGES or (source_roots and top in source_roots):
+        return None
+    try:
+        return None if find_spec(top) is not None else top
+    except (ImportError, ValueError):
+        return top
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m turingbox_warmup.aot", description=__doc__.splitlines()[0])
     p.add_argument("--specs", action="append", default=None,
@@ -345,7 +362,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     failures = 0
     seen = set()
+    skipped: dict[str, int] = {}
     for rec in specs:
+        absent = absent_optional_package(rec["kernel"], source_roots)
+        if absent:
+            skipped[absent] = skipped.get(absent, 0) + 1
+            continue
         try:
             fn = resolve_kernel(rec["kernel"], source_roots)
             spec = record_from_json(rec["specialization"])
@@ -365,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
                 failures += 1
                 print(json.dumps({"name": rec["kernel"], "arch": arch, "error": f"{exc.__class__.__name__}: {exc}"}),
                       flush=True)
+    for pkg, n in sorted(skipped.items()):
+        print(f"aot: skipped {n} specialization(s) of {pkg} ({OPTIONAL_PACKAGES[pkg]}): {pkg} is not installed "
+              f"here, so nothing of it was compiled.", file=sys.stderr)
     return 1 if failures else 0
 
 

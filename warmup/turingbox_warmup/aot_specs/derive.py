@@ -1,4 +1,4 @@
-"""Derive the shipped AOT specializations (vllm-0.21.0.jsonl, turingbox-plugin.jsonl) from source.
+"""Derive the shipped AOT specializations (vllm-0.21.0.jsonl, turingbox-plugin.jsonl, xgrammar.jsonl) from source.
 
     python warmup/turingbox_warmup/aot_specs/derive.py [--vllm-src DIR] [--out DIR]
 
@@ -21,7 +21,13 @@ What is assumed, not read from a GPU run (tests/gpu/cache_aot_check.py diffs sm_
   * the MTP head's attention layer joins the full-attention KV group (17 = 16 + 1 layers) and
     shares KV tensors with the GDN groups (vLLM's uniform-page hybrid allocator);
   * launches vLLM runs only with other settings are not baked (e.g. rejection_random_sample_kernel,
-    which runs for non-greedy requests but is compiled by vLLM's own sampler warmup).
+    which runs for non-greedy requests but is compiled by vLLM's own sampler warmup);
+  * grammar requests (xgrammar.jsonl): xgrammar's Triton `apply_token_bitmask_inplace_kernel`, imported
+    from the installed xgrammar as vLLM imports it (its JITFunction cache key is sha256 of the kernel's
+    source text and first line, nothing else: no module path, no package version), launched once per
+    case of the plugin's own `warmup_plan.plan_bitmask_cases`, on logits in the plan's dtype as
+    compute_logits returns them, on a GPU with `Plan.sm_count` multiprocessors (NUM_SMS is a constexpr,
+    so another GPU model compiles its own variant). Without xgrammar installed that file is left as is.
 """
 from __future__ import annotations
 
@@ -51,16 +57,17 @@ class Plan:
     kv_cache_dtype: str
     attention_backend: str
     dtype: str
+    sm_count: int                     # multiprocessors of the fixtures' GPU (xgrammar's NUM_SMS constexpr)
     layers: int = 64                  # the demo model keeps all 64 layers on these machines
 
 
 PLANS = (
     Plan("4x2080ti", ("4x2080ti-22g.json", "4x2080ti-22g-desktop.json", "6x2080ti-22g.json"),
-         4, 4, 262144, 5, 2048, "fp8", "FLASHINFER", "half"),
+         4, 4, 262144, 5, 2048, "fp8", "FLASHINFER", "half", 68),
     Plan("2x2080ti", ("2x2080ti-22g.json", "3x2080ti-22g.json"),
-         2, 3, 262144, 2, 2048, "fp8", "FLASHINFER", "half"),
+         2, 3, 262144, 2, 2048, "fp8", "FLASHINFER", "half", 68),
     Plan("1xh200", ("1xh200.json",),
-         1, 3, 262144, 8, 8192, "fp8", "FLASH_ATTN", "bfloat16"),
+         1, 3, 262144, 8, 8192, "fp8", "FLASH_ATTN", "bfloat16", 132),
 )
 
 # Kernel block sizes the backends accept (vLLM 0.21: FlashInfer [16, 32, 64]; FlashAttention on a
@@ -68,6 +75,15 @@ PLANS = (
 KERNEL_BLOCK_SIZES = {"FLASHINFER": (16, 32, 64), "FLASH_ATTN": (16, 32, 64)}
 DEFAULT_BLOCK_SIZE = 16              # CacheConfig.DEFAULT_BLOCK_SIZE, supported by both backends
 PAD_SLOT_ID = -1                     # vllm.v1.attention.backends.utils.PAD_SLOT_ID / spec_decode PADDING_SLOT_ID
+VOCAB_PADDING = 64                   # vllm model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
+TORCH_DTYPES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
+                "float32": "float32"}
+
+XGRAMMAR_FILE = "xgrammar.jsonl"
+BITMASK_KERNEL = "xgrammar.kernels.apply_token_bitmask_inplace_triton:apply_token_bitmask_inplace_kernel"
+# xgrammar's launch wrapper apply_token_bitmask_inplace_triton (identical in 0.2.3 .. 0.2.5.post1):
+# BLOCK_SIZE = 4096, WARP_SIZE = 32 on NVIDIA, num_warps = BLOCK_SIZE // WARP_SIZE // (16 // itemsize), num_stages=3.
+BITMASK_BLOCK_SIZE = 4096
 
 
 def cdiv(a: int, b: int) -> int:
@@ -207,6 +223,42 @@ def launches(plan: Plan, m: dict[str, Any]) -> Iterator[tuple[str, str, list, di
                 _t("int32", seqs + 1)], dict(BLOCK_SIZE=1024))
 
 
+def logits_row_stride(plan: Plan, vocab: int) -> int:
+    """Row stride of compute_logits' output: ParallelLMHead pads the vocab to a multiple of 64 (split over
+    TP ranks), LogitsProcessor all-gathers the shards into a contiguous (rows, padded) tensor and returns
+    `[..., :vocab]`, a view that keeps the padded row stride (248320 is already a multiple of 64)."""
+    padded = cdiv(vocab, VOCAB_PADDING) * VOCAB_PADDING
+    assert padded % plan.tensor_parallel_size == 0, (padded, plan.tensor_parallel_size)
+    return padded
+
+
+def bitmask_launches(plan: Plan, m: dict[str, Any]) -> Iterator[tuple[str, str, list, dict]]:
+    """vllm/v1/structured_output/utils.py apply_grammar_bitmask -> xgr.apply_token_bitmask_inplace(logits,
+    bitmask, indices=...) -> the Triton wrapper, for each case the plugin's strict warmup launches."""
+    from turingbox_plugin.warmup_plan import plan_bitmask_cases
+    vocab = m["vocab_size"]
+    stride = logits_row_stride(plan, vocab)
+    dtype = TORCH_DTYPES[plan.dtype]
+    for case in plan_bitmask_cases(vocab, plan.max_num_seqs, plan.num_speculative_tokens):
+        logits = _t(dtype, shape=(case.logits_rows, stride))[:, :vocab]   # GPU logits, no cast
+        bitmask = _t("int32", shape=case.kernel_bitmask_shape)              # re-ordered to the logits rows
+        indices = _t("int32", case.mask_rows) if case.uses_indices else None
+        num_rows = case.mask_rows                                          # len(indices) or logits rows
+        vocab_size = min(logits.shape[-1], bitmask.shape[-1] * 32)        # vLLM passes no vocab_size
+        yield (BITMASK_KERNEL, case.name,
+               [logits, bitmask, indices, num_rows, vocab_size, logits.stride(0), bitmask.stride(0),
+                plan.sm_count, BITMASK_BLOCK_SIZE],
+               dict(num_warps=BITMASK_BLOCK_SIZE // 32 // (16 // logits.element_size()), num_stages=3))
+
+
+def xgrammar_available() -> bool:
+    import importlib.util
+    try:
+        return importlib.util.find_spec("xgrammar") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def plugin_launches() -> Iterator[tuple[str, str, list, dict]]:
     """turingbox_plugin.kernels.scaled_copy (the `verify` probe): BLOCK=1024, any float dtype, any n."""
     for dtype in ("float16", "bfloat16", "float32"):
@@ -247,8 +299,29 @@ def derive(vllm_src: str) -> dict[str, list[dict[str, Any]]]:
                          "on a GPU); `python -m turingbox_warmup.aot` compiles them for every arch.",
               "plans": layouts}
     plugin_header = {"comment": "turingbox_plugin.kernels launches (verify probe), derived by aot_specs/derive.py."}
-    return {f"vllm-{VLLM_VERSION}.jsonl": [header] + records(vllm_items, vllm_src),
-            "turingbox-plugin.jsonl": [plugin_header] + records([(None, i) for i in plugin_launches()], vllm_src)}
+    files = {f"vllm-{VLLM_VERSION}.jsonl": [header] + records(vllm_items, vllm_src),
+             "turingbox-plugin.jsonl": [plugin_header] + records([(None, i) for i in plugin_launches()], vllm_src)}
+    if xgrammar_available():
+        files[XGRAMMAR_FILE] = derive_bitmask(m, vllm_src)
+    return files
+
+
+def derive_bitmask(m: dict[str, Any], vllm_src: str) -> list[dict[str, Any]]:
+    from turingbox_plugin.warmup_plan import bitmask_cols, plan_bitmask_cases
+    vocab = m["vocab_size"]
+    header = {"comment": "Triton launch specializations of xgrammar's apply_token_bitmask_inplace_kernel "
+                         "(grammar requests, via vLLM's apply_grammar_bitmask) for turingbox's plans, one per "
+                         "case of turingbox_plugin.warmup_plan.plan_bitmask_cases, derived by aot_specs/derive.py. "
+                         "kernel_cache_key is the installed kernel's JITFunction.cache_key (its source text and "
+                         "first line): a different value means xgrammar's kernel changed, re-derive.",
+              "kernel_qualname": BITMASK_KERNEL,   # not "kernel": that key marks a record
+              "kernel_cache_key": kernel_for(BITMASK_KERNEL, vllm_src).cache_key,
+              "plans": {p.name: {"dtype": TORCH_DTYPES[p.dtype], "sm_count": p.sm_count, "vocab_size": vocab,
+                                 "logits_row_stride": logits_row_stride(p, vocab), "bitmask_cols": bitmask_cols(vocab),
+                                 "cases": [c.name for c in plan_bitmask_cases(vocab, p.max_num_seqs,
+                                                                              p.num_speculative_tokens)]}
+                        for p in PLANS}}
+    return [header] + records([(p.name, item) for p in PLANS for item in bitmask_launches(p, m)], vllm_src)
 
 
 def write(files: dict[str, list[dict[str, Any]]], out_dir: str) -> list[str]:
@@ -283,7 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(os.path.join(src, "v1", "worker", "utils.py")):
         print(f"derive: {src} is not a vLLM {VLLM_VERSION} source tree (--vllm-src).", file=sys.stderr)
         return 2
-    for path in write(derive(src), a.out):
+    files = derive(src)
+    if XGRAMMAR_FILE not in files:
+        print(f"derive: xgrammar is not installed, so {XGRAMMAR_FILE} (grammar bitmask kernel) was not "
+              f"derived; {os.path.join(a.out, XGRAMMAR_FILE)} is left as it was.", file=sys.stderr)
+    for path in write(files, a.out):
         print(path)
     return 0
 
