@@ -3,9 +3,9 @@
 
     source tests/gpu/bootstrap.sh && python3 tests/gpu/cache_aot_check.py      # ~1-2 min, JSON to $OUT
 
-Four fresh processes, the same kernel launches in each (the plugin's `scaled_copy_kernel` and
+Four fresh processes, the same kernel launches in each (the plugin's `scaled_copy_kernel`,
 vLLM 0.21's `rejection_greedy_sample_kernel` -- the greedy variant DESIGN lists as first-request
-JIT -- in several specializations):
+JIT -- and xgrammar's `apply_token_bitmask_inplace_kernel` of grammar requests, in several specializations):
   1. capture: empty TRITON_CACHE_DIR, `turingbox_warmup.aot.capture_hook` records every launch's
      specialization (Triton's own serialization) as JSON lines;
   2. bake:    `python -m turingbox_warmup.aot --specs records --arch <this GPU> --cache-dir AOT`
@@ -76,6 +76,23 @@ def launches() -> list[str]:
         # Every draft equals the target argmax: all accepted, then the bonus token.
         assert out[:, :k].tolist() == draft.view(batch, k).tolist() and out[:, k].tolist() == bonus.view(-1).tolist()
         done.append(f"rejection_greedy_sample_kernel[is_greedy={'tensor' if with_is_greedy else 'None'}]")
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        return done
+    # Grammar requests: xgrammar's bitmask kernel on bf16 logits of the demo vocab (the H200 plan's shipped
+    # specs), rows of each class (1, other, %16), all rows structured (no indices) and a subset (int32 indices).
+    vocab = 248320
+    for rows in (1, 3, 16):
+        for with_indices in (False, True):
+            logits = torch.zeros((rows, vocab), dtype=torch.bfloat16, device="cuda")
+            mask = torch.full((rows, (vocab + 31) // 32), -1, dtype=torch.int32, device="cuda")
+            mask[:, 0] = -2                                  # token 0 disallowed
+            idx = torch.arange(0, rows, dtype=torch.int32, device="cuda") if with_indices else None
+            xgr.apply_token_bitmask_inplace(logits, mask, indices=idx)
+            torch.cuda.synchronize()
+            assert torch.isinf(logits[:, 0]).all() and not torch.isinf(logits[:, 1:]).any()
+            done.append(f"apply_token_bitmask_inplace_kernel[rows={rows},indices={with_indices}]")
     return done
 
 
@@ -272,7 +289,8 @@ def main() -> int:
     res["ok"] = bool(n_records and bake.returncode == 0 and "error" not in load and load["compiles"] == 0
                      and load["cache_loads"] == load["hook_events"] == n_records and load["files_written"] == 0
                      and "error" not in control and control["compiles"] >= n_records)
-    res["shipped_diff"] = shipped_diff(records, {"rejection_greedy_sample_kernel", "scaled_copy_kernel"}) \
+    res["shipped_diff"] = shipped_diff(records, {"rejection_greedy_sample_kernel", "scaled_copy_kernel",
+                                                  "apply_token_bitmask_inplace_kernel"}) \
         if n_records else None
     if "--engine" in sys.argv:
         res["engine"] = engine_capture(work, out_dir, arch)
