@@ -1,9 +1,6 @@
 # turingbox — the two commands most people need: `make up` and `make test`.
 SHELL := /bin/bash
 PYTHON ?= python3
-# xgrammar as vLLM 0.21 runs it (tests of the structured-output warmup). --no-deps: its metadata asks for
-# transformers<5, which vLLM 0.21 itself does not honour (it runs transformers 5).
-STRUCTURED_OUTPUT_PKGS = xgrammar==0.2.5.post1 apache-tvm-ffi==0.1.9
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= turingbox:$(VERSION)
 BASE_IMAGE ?= nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
@@ -13,7 +10,7 @@ PYTEST ?= $(PYTHON) -m pytest
 # pytest exit 5 means "no tests collected": that is a failure here, never a silent pass.
 run_pytest = $(PYTEST) $(1); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
-.PHONY: print-structured-output-pkgs help dev up down logs plan image test test-unit test-image test-reliability lint \
+.PHONY: help dev up down logs plan image test test-unit test-image test-reliability lint \
         warmup-cache bake bench-decode bench-prefill bench-startup verify-sm75 clean
 
 help:
@@ -21,7 +18,7 @@ help:
 
 dev: ## install everything for development (appliance, plugin, test tools) in editable mode
 	$(PYTHON) -m pip install -e ./plugin -e '.[dev]'
-	$(PYTHON) -m pip install --no-deps $(STRUCTURED_OUTPUT_PKGS)
+	$(PYTHON) -m pip install --no-deps -r requirements/structured-output.txt
 
 up: ## build the image if needed and serve (the demo model when no model is given)
 	@docker image inspect $(IMAGE) >/dev/null 2>&1 || $(MAKE) image
@@ -79,6 +76,3 @@ verify-sm75: ## compile every plugin kernel for sm_75 without a GPU; registers, 
 
 clean:
 	rm -rf build dist *.egg-info plugin/build plugin/*.egg-info .pytest_cache
-
-print-structured-output-pkgs:
-	@echo $(STRUCTURED_OUTPUT_PKGS)
