@@ -3,7 +3,8 @@
 # poll while it works.  Usage:  setsid nohup bash tests/gpu/session.sh PHASE... >/tmp/session.log 2>&1 &
 # Phases: smoke, gdn, cold, seeded, warm, gdnbench, aot, tp2 (TP=1 pairs with plain vLLM on two GPUs), and the
 # TP=2 series on both GPUs: tp2cold (+ real clients, interleaved proxy latency), tp2seeded, tp2warm, tp2baked;
-# tp4cold, tp4seeded, tp4mtp3 (four GPUs, issue 7); seedonly (warmup --seed-only, then clients starts from a copy); greedy (turbo vs vLLM GDN tokens end to end), clients (4-layer demo: openai client, JIT check, proxy latency).
+# tp4cold, tp4seeded, tp4mtp3 (four GPUs, issue 7); seedonly (warmup --seed-only, then clients starts from a copy); greedy (turbo vs vLLM GDN tokens end to end), clients (4-layer demo: openai client, JIT check, proxy latency,
+# benches), turbo (the same demo with TURINGBOX_GDN=turbo, benches).
 # Two lanes at once (one GPU each): LANE=a bash session.sh ... & LANE=b bash session.sh ... ; each lane touches
 # /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both); LANE_GPU picks the lane's GPU.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
 set -u
@@ -84,8 +85,13 @@ for phase in "$@"; do
               # on the 4-layer demo with CUDA graphs like the appliance
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
               timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo4 --phase clients --gpus $one,$one --skip-plain \
-                --cache /tmp/tbcache-clients --out $R --no-decode --ready-limit 800 \
+                --cache /tmp/tbcache-clients --out $R --no-decode --bench --ready-limit 800 \
                 --after='SKIP_BENCH_SERVE=1 REAL_CLIENTS_JSON=real_clients-demo4.json python3 tests/gpu/real_clients.py > $OUT/real_clients-demo4.txt 2>&1; python3 tests/reliability/latency_bench.py --direct-port $DIRECT_PORT --proxy-port $PROXY_PORT --model $MODEL --requests 100 --json $OUT/proxy-latency.json > $OUT/proxy-latency.txt 2>&1' ;;
+    turbo)    # issue 6 end to end: the same 4-layer demo with the turbo GDN path forced (vs clients' vLLM kernels, both
+              # --bench); other ports, so that it may run while the other lane serves
+              [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
+              timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo4 --phase turbo --gpus $one,$one --skip-plain \
+                --cache /tmp/tbcache-turbo --out $R --bench --ready-limit 800 --port-offset 10 --env TURINGBOX_GDN=turbo ;;
     tools)    # the plugin's own tools on a GPU: doctor, verify (kernels vs references), check-model
               for t in "doctor /tmp/demo" "verify --json" "check-model /tmp/demo"; do
                 echo "\$ turingbox $t"; CUDA_VISIBLE_DEVICES=$one timeout 300 python3 -m turingbox $t; echo "exit $?"

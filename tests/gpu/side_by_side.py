@@ -157,7 +157,10 @@ def main() -> int:
     ap.add_argument("--after", default="",
                     help="shell command run while the servers are still up (PROXY_PORT, DIRECT_PORT, PLAIN_PORT, MODEL set)")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode tok/s measurement (start-time phases)")
+    ap.add_argument("--port-offset", type=int, default=0,
+                    help="added to the ports 8000/8100/8200, so that two lanes can serve at once")
     args = ap.parse_args()
+    port_tb, port_up, port_plain = (8000 + args.port_offset, 8100 + args.port_offset, 8200 + args.port_offset)
     os.makedirs(args.out, exist_ok=True)
     gpu_tb, gpu_plain = args.gpus.split(",")
     parallel = gpu_tb != gpu_plain
@@ -197,14 +200,14 @@ def main() -> int:
 
     def start_tb():
         lf = open(os.path.join(args.out, f"turingbox-{args.phase}.log"), "w")
-        cmd = [sys.executable, "-m", "turingbox", "serve", "--model", args.model, "--port", "8000",
-               "--upstream-port", "8100", *args.extra.split()]
+        cmd = [sys.executable, "-m", "turingbox", "serve", "--model", args.model, "--port", str(port_tb),
+               "--upstream-port", str(port_up), *args.extra.split()]
         return subprocess.Popen(cmd, env=env_tb, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True), lf
 
     def start_plain():
         lf = open(os.path.join(args.out, f"plain-{args.phase}.log"), "w")
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", *plain_args, "--host", "127.0.0.1",
-               "--port", "8200"]
+               "--port", str(port_plain)]
         return subprocess.Popen(cmd, env=env_plain, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True), lf
 
     launched: dict[str, float] = {}
@@ -247,10 +250,10 @@ def main() -> int:
         launched["plain"] = time.perf_counter()
         plain, plain_log = start_plain()
     try:
-        res["turingbox"] = measure("turingbox", 8000, tb, "/health/ready", extra_ports=[("direct_upstream", 8100)])
+        res["turingbox"] = measure("turingbox", port_tb, tb, "/health/ready", extra_ports=[("direct_upstream", port_up)])
         tb_ready = res["turingbox"]["ready_s"] is not None
-        res["turingbox"]["jit_after_ready"] = metric_lines(8000, "turingbox_jit_after_ready")
-        stages = metric_lines(8000, "turingbox_startup_stage_seconds")
+        res["turingbox"]["jit_after_ready"] = metric_lines(port_tb, "turingbox_jit_after_ready")
+        stages = metric_lines(port_tb, "turingbox_startup_stage_seconds")
         res["turingbox"]["startup_stage_seconds"] = stages if isinstance(stages, str) else {
             m.group(1): float(m.group(2)) for m in re.finditer(
                 r'^turingbox_startup_stage_seconds\{stage="(\w+)"\} (\S+)$', "\n".join(stages), re.M)}
@@ -259,12 +262,12 @@ def main() -> int:
             launched["plain"] = time.perf_counter()
             plain, plain_log = start_plain()
         if plain is not None:
-            res["plain"] = measure("plain", 8200, plain, "/health", ())
+            res["plain"] = measure("plain", port_plain, plain, "/health", ())
         if args.after and not tb_ready:
             res["after"] = {"cmd": args.after, "skipped": "turingbox never became ready"}
             log("after-command skipped: turingbox never became ready")
         elif args.after:
-            after_env = dict(os.environ, PROXY_PORT="8000", DIRECT_PORT="8100", PLAIN_PORT="8200", MODEL=served,
+            after_env = dict(os.environ, PROXY_PORT=str(port_tb), DIRECT_PORT=str(port_up), PLAIN_PORT=str(port_plain), MODEL=served,
                              OUT=args.out, TOKENIZER=args.model)
             t_after = time.perf_counter()
             # Own process group, killed whole on timeout: its clients must not outlive the servers.
@@ -276,7 +279,7 @@ def main() -> int:
                 rc = 124
             res["after"] = {"cmd": args.after, "rc": rc, "s": time.perf_counter() - t_after}
             # The after-command's requests (tool calls, structured output, ...) count against "no JIT after ready" too.
-            res["after"]["jit_after_ready"] = metric_lines(8000, "turingbox_jit_after_ready")
+            res["after"]["jit_after_ready"] = metric_lines(port_tb, "turingbox_jit_after_ready")
             log(f"after-command rc={rc}")
     finally:
         stop(tb)
