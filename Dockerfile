@@ -20,7 +20,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      ca-certificates python3 python3-venv python3-dev g++ tini \
+      ca-certificates python3 python3-venv python3-dev gcc g++ tini \
  && rm -rf /var/lib/apt/lists/*
 
 # ---------------------------------------------------------------------------------------------
@@ -109,7 +109,8 @@ RUN pip install --no-deps --no-index --no-cache-dir --disable-pip-version-check 
  && pip check
 
 # Ahead-of-time Triton kernels for Turing..Hopper, compiled without a GPU by this image's own
-# Triton and ptxas (the cache key includes both), into a read-only layer the runtime consults.
+# Triton and ptxas (the cache key includes both), into a read-only layer the runtime consults; with
+# them the C launcher per kernel signature and Triton's cuda_utils, built by gcc against a stub libcuda.
 ARG TRITON_AOT_ARCHS=7.5,8.0,8.6,8.9,9.0
 RUN python -m turingbox_warmup.aot --arch "${TRITON_AOT_ARCHS}" --cache-dir /opt/turingbox/triton-cache
 # Each new cache entry starts with these kernels (turingbox_warmup.cache copies them in).

@@ -121,7 +121,12 @@ def test_cli_compiles_captured_specs_for_several_archs(tmp_path, fresh_kernel):
                        env={**os.environ, "PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")})
     assert r.returncode == 0, r.stderr
     rows = [json.loads(l) for l in r.stdout.splitlines()]
-    assert [row["arch"] for row in rows] == ["7.5", "8.0"] and all(row["hash"] == row["expected_hash"] for row in rows)
+    kernels, host = rows[:-1], rows[-1]
+    assert [row["arch"] for row in kernels] == ["7.5", "8.0"]
+    assert all(row["hash"] == row["expected_hash"] for row in kernels)
+    assert host == {"host_modules": {"launchers": 1, "built": 2}}  # one launcher for both archs, plus cuda_utils
+    sos = [f for f in all_files(str(tmp_path / "c")) if f.endswith(".so")]
+    assert sorted(f.split(os.sep)[-1].split(".")[0] for f in sos) == ["__triton_launcher", "cuda_utils"]
     bad = subprocess.run([sys.executable, "-m", "turingbox_warmup.aot", "--specs", str(tmp_path / "none"),
                           "--cache-dir", str(tmp_path / "c")], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "bad input" in bad.stderr
@@ -139,3 +144,38 @@ def test_a_launch_captured_by_the_hook_replays_to_the_same_kernel(tmp_path, fres
     rebuilt = aot.compile_aot(aot.resolve_kernel(rec["kernel"]), aot.record_from_json(rec["specialization"]), "9.0",
                               str(tmp_path / "aot"))
     assert rebuilt["hash"] == launched.hash
+
+
+def test_the_launcher_and_cuda_utils_triton_would_build_come_from_the_aot_cache(tmp_path, fresh_kernel, monkeypatch):
+    """Triton's CudaLauncher for the AOT kernel (and its cuda_utils module) look their C modules up in the
+    AOT cache and never run the C compiler: a start from baked kernels alone builds nothing before ready."""
+    from pathlib import Path
+
+    from triton.backends.nvidia import driver as nvdriver
+    from triton.runtime import build
+
+    cache_dir = str(tmp_path / "triton")
+    spec = aot.record_from_args(fresh_kernel, launch_args(), arch="7.5", BLOCK=256, num_warps=4)
+    src, metadata = aot.compile_aot(fresh_kernel, spec, "7.5", cache_dir)["_launch"]
+    counts = aot.build_host_modules([(src, metadata), (src, metadata)], cache_dir)
+    assert counts == {"launchers": 1, "built": 2}
+    assert aot.build_host_modules([(src, metadata)], cache_dir)["built"] == 0  # already there: nothing rebuilt
+
+    loaded = []
+
+    def refuse_build(*a, **k):
+        raise AssertionError("Triton ran the C compiler instead of loading the module from the AOT cache")
+
+    def record_load(name, path):  # loading needs the real libcuda.so.1; where it loads from is the point
+        loaded.append((name, path))
+        return type("Module", (), {"launch": staticmethod(lambda *a: None)})
+
+    monkeypatch.setattr(build, "_build", refuse_build)
+    monkeypatch.setattr(build, "_load_module_from_path", record_load)
+    monkeypatch.setattr(nvdriver, "library_dirs", lambda: [])
+    monkeypatch.setenv("TRITON_CACHE_DIR", cache_dir)
+    nvdriver.CudaLauncher(src, metadata)
+    build.compile_module_from_src(src=Path(nvdriver.dirname, "driver.c").read_text(), name="cuda_utils")
+    assert [name for name, _ in loaded] == ["__triton_launcher", "cuda_utils"]
+    assert all(path.startswith(cache_dir + os.sep) for _, path in loaded)
+

@@ -15,7 +15,8 @@ JIT -- and xgrammar's `apply_token_bitmask_inplace_kernel` of grammar requests, 
      directory's file list before and after;
   4. control: the same launches on an empty cache, proving the compile counter sees compiles.
 Prints one JSON object (also $OUT/cache_aot_check.json); "ok" is true when the load process
-compiled nothing, loaded every kernel from the AOT directory and wrote nothing there.
+compiled nothing, loaded every kernel from the AOT directory and wrote nothing there (the bake also
+builds the C launchers and cuda_utils that Triton would otherwise build with gcc at first launch).
 
 It then diffs the captured records against the ones the image ships (turingbox_warmup/aot_specs/
 *.jsonl, derived from vLLM's source, not captured): "shipped_diff" lists captured specializations
@@ -130,7 +131,8 @@ def child(mode: str, records: str) -> dict:
     after = all_files(cache_dir) if os.path.isdir(cache_dir) else []
     return {"mode": mode, "triton": triton.__version__, "launched": launched, "hook_events": len(events),
             "compiles": compiles["n"], "cache_loads": len(events) - compiles["n"], "kernels": sorted(set(events)),
-            "files_written": len(set(after) - set(before)), "seconds": round(seconds, 3)}
+            "files_written": len(set(after) - set(before)), "written": sorted(set(after) - set(before))[:20],
+            "seconds": round(seconds, 3)}
 
 
 def run_child(mode: str, cache_dir: str, records: str) -> dict:

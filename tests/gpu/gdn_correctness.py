@@ -162,11 +162,14 @@ def check_graph_capture(results):
         hk, hv = HEAD_SPLITS[4]
         t, pool, idx, acc, cu = decode_inputs(2, 4, hk, hv, torch.float16, 7)
         eager_pool = pool.clone()
-        eager_o, _ = ops.fused_sigmoid_gating_delta_rule_update(
+        # Both outputs start equal: the kernels (ours and FLA's) leave a padded sequence's rows untouched, so
+        # torch.empty outputs would differ there by whatever the allocator handed out.
+        eager_o = torch.zeros(1, t["q"].shape[1], hv, 128, dtype=torch.float16, device="cuda")
+        ops.fused_sigmoid_gating_delta_rule_update(
             **t, initial_state=eager_pool, cu_seqlens=cu, ssm_state_indices=idx,
-            num_accepted_tokens=acc, use_qk_l2norm_in_kernel=True)
+            num_accepted_tokens=acc, use_qk_l2norm_in_kernel=True, out=eager_o)
         graph_pool = pool.clone()
-        out = torch.empty_like(eager_o)
+        out = torch.zeros_like(eager_o)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):  # warm once outside the graph

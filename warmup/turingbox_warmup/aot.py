@@ -226,7 +226,92 @@ def compile_aot(fn, spec: Specialization, arch: str, cache_dir: str) -> dict[str
     md = kernel.metadata
     return {"name": fn.__name__, "arch": arch, "hash": kernel.hash, "expected_hash": expected,
             "shared": getattr(md, "shared", None), "num_warps": getattr(md, "num_warps", None),
-            "path": os.path.join(cache_dir, cache_subdir(kernel.hash))}
+            "path": os.path.join(cache_dir, cache_subdir(kernel.hash)), "_launch": (src, md)}
+
+
+# Host-side modules. Before a kernel's first launch, Triton builds a C launcher for its signature and, once per
+# process, its `cuda_utils` module, each with the host C compiler into TRITON_CACHE_DIR
+# (runtime/build.py compile_module_from_src, keyed by sha256(source + platform)). Arch-independent, so built
+# once per signature; otherwise a start from the baked kernels alone still runs gcc per kernel before ready.
+_STUB_LIBCUDA = "int turingbox_libcuda_stub;\n"
+
+
+@contextlib.contextmanager
+def _libcuda_for_linking():
+    """A directory with libcuda.so.1 for the link step: the driver's where one is installed, else an empty
+    stub with that soname (no driver in a Docker build); the module resolves the real one at load time."""
+    import subprocess
+    import tempfile
+    from triton import knobs
+    try:
+        from triton.backends.nvidia.driver import libcuda_dirs
+        dirs = libcuda_dirs()
+    except (AssertionError, OSError, subprocess.CalledProcessError):
+        dirs = []
+    if dirs:
+        yield dirs
+        return
+    with tempfile.TemporaryDirectory(prefix="turingbox-libcuda-stub-") as tmp:
+        with open(os.path.join(tmp, "stub.c"), "w") as f:
+            f.write(_STUB_LIBCUDA)
+        cc = os.environ.get("CC") or "gcc"
+        subprocess.check_call([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
+                               os.path.join(tmp, "libcuda.so.1"), os.path.join(tmp, "stub.c")])
+        old = knobs.nvidia.libcuda_path
+        knobs.nvidia.libcuda_path = tmp
+        try:
+            yield [tmp]
+        finally:
+            knobs.nvidia.libcuda_path = old
+
+
+def _put_host_module(name: str, src: str, libcuda_dirs: list[str]) -> tuple[str, bool]:
+    """compile_module_from_src without loading the result (loading needs a driver): (path, built now)."""
+    import sysconfig
+    import tempfile
+    from triton.backends.nvidia import driver as nvdriver
+    from triton.runtime.build import _build, platform_key
+    from triton.runtime.cache import get_cache_manager
+    key = hashlib.sha256((src + platform_key()).encode("utf-8")).hexdigest()
+    cache = get_cache_manager(key)
+    filename = f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    found = cache.get_file(filename)
+    if found is not None:
+        return found, False
+    with tempfile.TemporaryDirectory() as tmp:
+        src_path = os.path.join(tmp, name + ".c")
+        with open(src_path, "w") as f:
+            f.write(src)
+        so = _build(name, src_path, tmp, [nvdriver.libdevice_dir, *libcuda_dirs], list(nvdriver.include_dirs),
+                    list(nvdriver.libraries), [])
+        with open(so, "rb") as f:
+            return cache.put(f.read(), filename, binary=True), True
+
+
+def launcher_source(src, metadata) -> str:
+    """The C source Triton 3.6's CudaLauncher builds for this kernel (backends/nvidia/driver.py)."""
+    from triton.backends.nvidia.driver import make_launcher
+    constants = getattr(src, "constants", None) or {}
+    arg_idx = lambda x: (src.fn.arg_names.index(x),) if isinstance(x, str) else x  # noqa: E731
+    constants = {arg_idx(idx): value for idx, value in constants.items()}
+    signature = dict(src.signature.items())
+    return make_launcher(constants, signature, getattr(metadata, "tensordesc_meta", None))
+
+
+def build_host_modules(items: Iterable[tuple[Any, Any]], cache_dir: str) -> dict[str, int]:
+    """Build `cuda_utils` and one launcher per distinct signature of (ASTSource, metadata) items into
+    cache_dir, where the runtime's compile_module_from_src finds them; returns counts."""
+    from pathlib import Path
+    from triton.backends.nvidia import driver as nvdriver
+    counts = {"launchers": 0, "built": 0}
+    sources = {launcher_source(src, md) for src, md in items}
+    with triton_cache_dir(cache_dir), _libcuda_for_linking() as libdirs:
+        utils_src = Path(nvdriver.dirname, "driver.c").read_text()
+        for name, src in [("cuda_utils", utils_src)] + [("__triton_launcher", s) for s in sorted(sources)]:
+            _path, built = _put_host_module(name, src, libdirs)
+            counts["built"] += built
+        counts["launchers"] = len(sources)
+    return counts
 
 
 def cache_subdir(hash_hex: str) -> str:
@@ -362,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     failures = 0
     seen = set()
+    launches: list[tuple[Any, Any]] = []
     skipped: dict[str, int] = {}
     for rec in specs:
         absent = absent_optional_package(rec["kernel"], source_roots)
@@ -382,11 +468,18 @@ def main(argv: list[str] | None = None) -> int:
             seen.add(ident)
             try:
                 r = compile_aot(fn, spec, arch, a.cache_dir)
+                launches.append(r.pop("_launch"))
                 print(json.dumps(r), flush=True)
             except Exception as exc:  # one kernel failing for one arch must not hide the rest
                 failures += 1
                 print(json.dumps({"name": rec["kernel"], "arch": arch, "error": f"{exc.__class__.__name__}: {exc}"}),
                       flush=True)
+    if launches:
+        try:
+            print(json.dumps({"host_modules": build_host_modules(launches, a.cache_dir)}), flush=True)
+        except Exception as exc:  # no C compiler: the kernels are still baked, the launchers built at run time
+            failures += 1
+            print(json.dumps({"host_modules": {"error": f"{exc.__class__.__name__}: {exc}"}}), flush=True)
     for pkg, n in sorted(skipped.items()):
         print(f"aot: skipped {n} specialization(s) of {pkg} ({OPTIONAL_PACKAGES[pkg]}): {pkg} is not installed "
               f"here, so nothing of it was compiled.", file=sys.stderr)
