@@ -28,6 +28,8 @@ variable FAKE_VLLM_NAME (upper case, '-' -> '_'):
   ignore-sigterm 1    ignore SIGTERM (serve must escalate to SIGKILL)
   sigterm-seconds F   time to shut down after SIGTERM (0)
   child 1             start a child process in the same process group (like vLLM's engine core)
+  keepalive-race 1    close a kept-alive connection instead of answering its second GET: what a client sees
+                      when uvicorn's keep-alive timeout (vLLM: 5 s) fires just as the request arrives
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ DEFAULTS = {
     "stage-seconds": "0", "startup-seconds": "0", "chunks": "5", "chunk-delay": "0", "first-chunk-delay": "0", "role-chunk": "0",
     "die-after-chunks": "0", "exit-code": "3", "die-signal": "0", "fail-at": "", "control-dir": "",
     "events": "", "plugin": "ok", "jit-after-ready": "", "ignore-sigterm": "0", "sigterm-seconds": "0",
-    "child": "0", "fail-requests": "0",
+    "child": "0", "fail-requests": "0", "keepalive-race": "0",
 }
 
 
@@ -137,6 +139,16 @@ class Handler(BaseHTTPRequestHandler):
         super().setup()
         # Like uvicorn: no Nagle delay between the header and body writes.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def parse_request(self):
+        if not super().parse_request():
+            return False
+        served = getattr(self, "_served_on_connection", 0)
+        self._served_on_connection = served + 1
+        if served and self.command == "GET" and O["keepalive-race"] == "1":
+            self.close_connection = True            # no response at all: the client reads EOF
+            return False
+        return True
 
     def log_message(self, fmt, *args):      # vLLM-like access log line
         log("INFO", "h11_impl.py:0", f'{self.address_string()} - "{self.requestline}" {args[1] if len(args) > 1 else ""}')

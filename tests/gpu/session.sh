@@ -4,7 +4,7 @@
 # Phases: smoke, gdn, cold, seeded, warm, gdnbench, aot, tp2 (TP=1 pairs with plain vLLM on two GPUs), and the
 # TP=2 series on both GPUs: tp2cold (+ real clients, interleaved proxy latency), tp2seeded, tp2warm, tp2baked;
 # tp4cold, tp4seeded, tp4mtp3 (four GPUs, issue 7); seedonly (warmup --seed-only, then clients starts from a copy); greedy (turbo vs vLLM GDN tokens end to end), clients (4-layer demo: openai client, JIT check, proxy latency,
-# benches), turbo (the same demo with TURINGBOX_GDN=turbo, benches).
+# benches), turbo / turbo-ref (the same demo with TURINGBOX_GDN=turbo / vllm, cold, benches).
 # Two lanes at once (one GPU each): LANE=a bash session.sh ... & LANE=b bash session.sh ... ; each lane touches
 # /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both); LANE_GPU picks the lane's GPU.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
 set -u
@@ -92,6 +92,10 @@ for phase in "$@"; do
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
               timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo4 --phase turbo --gpus $one,$one --skip-plain \
                 --cache /tmp/tbcache-turbo --out $R --bench --ready-limit 800 --port-offset 10 --env TURINGBOX_GDN=turbo ;;
+    turbo-ref) # turbo's reference: the same plan with vLLM's own GDN kernels, started cold at the same time
+              [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
+              timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo4 --phase turbo-ref --gpus $one,$one --skip-plain \
+                --cache /tmp/tbcache-turboref --out $R --bench --ready-limit 800 --port-offset 20 --env TURINGBOX_GDN=vllm ;;
     tools)    # the plugin's own tools on a GPU: doctor, verify (kernels vs references), check-model
               for t in "doctor /tmp/demo" "verify --json" "check-model /tmp/demo"; do
                 echo "\$ turingbox $t"; CUDA_VISIBLE_DEVICES=$one timeout 300 python3 -m turingbox $t; echo "exit $?"

@@ -100,6 +100,19 @@ def test_upstream_hang_turns_readiness_503_within_the_probe_period(serve_factory
     wait_until(lambda: s.get("/health/ready").status_code == 200, 3 * period + 2, what="readiness back")
 
 
+def test_a_keepalive_connection_closed_by_vllm_does_not_turn_readiness_503(serve_factory):
+    """Found on the GPU: vLLM's uvicorn closes idle keep-alive connections after 5 s, the probe period was 5 s
+    too, and a probe written into a connection the server was closing made readiness 503 and refused users."""
+    period = 0.3
+    s = serve_factory(env={"TURINGBOX_UPSTREAM_PROBE_SECONDS": str(period), "FAKE_VLLM_KEEPALIVE_RACE": "1"})
+    s.wait_ready()
+    t_end = time.monotonic() + 8 * period
+    while time.monotonic() < t_end:
+        assert s.get("/health/ready").status_code == 200, s.output()[-1500:]
+        time.sleep(period / 4)
+    assert "did not answer" not in s.output() and "/health failed" not in s.output()
+
+
 def test_sigterm_during_planning_exits_0(serve_factory, tmp_path):
     fifo = str(tmp_path / "gpus.fifo")
     os.mkfifo(fifo)          # reading the inventory blocks until a writer comes: planning hangs

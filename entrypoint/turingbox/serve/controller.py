@@ -563,7 +563,7 @@ class Controller:
     async def _wait_for_upstream(self, base: str) -> None:
         deadline = time.monotonic() + self.options.startup_timeout_seconds
         headers = {"Authorization": f"Bearer {self.upstream_key}"} if self.upstream_key else {}
-        async with httpx.AsyncClient(timeout=httpx.Timeout(2.0), trust_env=False) as client:
+        async with health_client(2.0) as client:
             while True:
                 if time.monotonic() > deadline:
                     raise StartupFailed(
@@ -616,20 +616,30 @@ class Controller:
     async def _probe_upstream(self, base: str) -> None:
         """After ready: readiness turns 503 when vLLM stops answering /health within the probe period."""
         period = self.options.upstream_probe_seconds
-        async with httpx.AsyncClient(timeout=httpx.Timeout(period), trust_env=False) as client:
+        async with health_client(period) as client:
             while True:
                 await asyncio.sleep(period)
                 try:
                     r = await client.get(base + "/health")
                     failure = None if r.status_code == 200 else f"vLLM's /health answered {r.status_code}."
-                except httpx.HTTPError as exc:
+                except httpx.TimeoutException as exc:
                     failure = f"vLLM's /health did not answer within {period:g} s ({type(exc).__name__})."
+                except httpx.HTTPError as exc:
+                    failure = f"vLLM's /health failed ({type(exc).__name__}: {exc})."
                 if failure != self.state.probe_failure:
                     if failure:
                         log.warning("%s", failure)
                     else:
                         log.info("vLLM answers /health again")
                 self.state.probe_failure = failure
+
+
+def health_client(timeout: float) -> httpx.AsyncClient:
+    """A fresh connection for every health check: vLLM's uvicorn closes idle keep-alive connections after
+    VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s), and a probe written into one it is closing fails with a ReadError
+    that says nothing about vLLM's health (seen on the GPU with a 5 s probe period)."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False,
+                             limits=httpx.Limits(max_keepalive_connections=0))
 
 
 def configure_logging() -> None:
