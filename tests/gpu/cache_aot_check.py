@@ -283,7 +283,8 @@ def main() -> int:
                           env={**os.environ, "TRITON_CACHE_DIR": os.path.join(work, "unused")})
     rows = [json.loads(l) for l in bake.stdout.splitlines() if l.startswith("{")]
     res["aot_compile"] = {"exit": bake.returncode, "compiled": sum("hash" in r for r in rows),
-                          "hash_matches": sum(r.get("hash") == r.get("expected_hash") for r in rows),
+                          "hash_matches": sum("hash" in r and r["hash"] == r.get("expected_hash") for r in rows),
+                          "host_modules": next((r["host_modules"] for r in rows if "host_modules" in r), None),
                           "errors": [r for r in rows if "error" in r] or bake.stderr[-1000:] or None}
     res["load"] = run_child("load", aot_dir, records)
     res["control"] = run_child("control", os.path.join(work, "control-cache"), records)
