@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Install what building and smoke-testing the image needs on a bare Debian 12 machine:
 # Docker engine (docker.io), debootstrap (the stand-in base), Compose v1 (docker-compose, for the
-# v1 compatibility check) and, as Docker CLI plugins, Compose v2 and buildx. Bookworm packages
-# neither of the last two; Debian 13's builds need only libc6 >= 2.34, so their binaries are taken
-# from Debian's own trixie packages (downloaded with apt into a private state directory, unpacked
-# into /usr/local/lib/docker/cli-plugins; the system's package state is not touched).
+# v1 compatibility check), make, a C toolchain and Debian's python3.11 for the tests and, as Docker
+# CLI plugins, Compose v2 and buildx. Bookworm packages neither of the last two; Debian 13's builds
+# need only libc6 >= 2.34, so their binaries are taken from Debian's own trixie packages (downloaded
+# with apt into a private state directory, unpacked into /usr/local/lib/docker/cli-plugins; the
+# system's package state is not touched).
 set -euo pipefail
 
 export DEBIAN_FRONTEND=noninteractive
@@ -15,6 +16,12 @@ command -v dockerd >/dev/null || need+=(docker.io)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v make >/dev/null || need+=(make)             # .ci/run ends in `make test`
+# Triton builds its C launchers (tests/cache/test_aot.py) with gcc, against libc's and Python's headers
+command -v gcc >/dev/null || need+=(gcc)
+[ -e /usr/include/stdio.h ] || need+=(libc6-dev)      # only a Recommends of gcc
+[ -e "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] || need+=(python3-dev)
+# Debian's own interpreter: tests/cache/python_image.py copies it into the tiny image of the bake tests
+[ -x /usr/bin/python3.11 ] || need+=(python3.11)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
