@@ -192,9 +192,7 @@ def plan_bitmask_cases(vocab_size: int, max_num_seqs: int, num_spec_tokens: int)
     cases: list[BitmaskCase] = []
     for uses_indices in (False, True):
         max_rows = (max_num_seqs - (1 if uses_indices else 0)) * per_req
-        candidates = {"one": 1, "other": per_req if int_class(per_req) == "other" else 2, "div16": 16}
-        for cls in ("one", "other", "div16"):
-            rows = candidates[cls]
+        for rows in (1, per_req if int_class(per_req) == "other" else 2, 16):  # classes one, other, div16
             if rows > max_rows:
                 continue
             drafts = _structured_drafts(rows, k)

@@ -210,9 +210,5 @@ class TuringboxWorker(Worker):
                                    summary["num_speculative_tokens"])
         log.info("turingbox strict warmup: structured-output bitmask: %s", summarize_bitmask(cases))
         compiled = self.tb_accountant.before_ready if self.tb_accountant.installed else None
-        try:
-            return [structured.run_bitmask_warmup(self, cases, compiled)]
-        except structured.StructuredWarmupError as exc:
-            from turingbox_plugin.driver import WarmupError
-
-            raise WarmupError(str(exc)) from exc
+        # A StructuredWarmupError is reported like any warmup failure by compile_or_warm_up_model.
+        return [structured.run_bitmask_warmup(self, cases, compiled)]

@@ -28,6 +28,7 @@ def ensure_library(force: bool = False) -> dict:
     """Build plugin/turingbox_plugin/lib/libturingbox_gdn.so here unless a fresh one exists."""
     srcs = sorted((PLUGIN / "turingbox_plugin" / "csrc").glob("*"))
     # Content, not mtime: each device call re-sends the checkout, which makes every source look new.
+    # Same digest and stamp file as bootstrap.sh's (`cat csrc/* | sha256sum`), so its build counts as fresh.
     import hashlib
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in srcs)).hexdigest()
     stamp = LIB.with_suffix(".sha256")

@@ -15,6 +15,8 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FAKE_VLLM = os.path.join(REPO, "tests", "fakes", "fake_vllm.py")
 TTFT_SERVER = os.path.join(os.path.dirname(__file__), "ttft_server.py")
 OPENAI_RECORDER = os.path.join(os.path.dirname(__file__), "openai_recorder.py")
+
+
 def _real_config() -> str:
     """The published Qwen3.6-27B config.json (shared/models), as the appliance ships it."""
     in_repo = os.path.join(REPO, "entrypoint", "turingbox", "data", "qwen3.6-27b.json")
@@ -23,7 +25,7 @@ def _real_config() -> str:
     try:  # inside the image only tests/ is mounted; the installed appliance carries the same file
         import importlib.resources
         return str(importlib.resources.files("turingbox") / "data" / "qwen3.6-27b.json")
-    except (ImportError, ModuleNotFoundError):
+    except ImportError:
         return "/work/shared/models/qwen3.6-27b.json"
 
 

@@ -242,7 +242,6 @@ def _libcuda_for_linking():
     stub with that soname (no driver in a Docker build); the module resolves the real one at load time."""
     import subprocess
     import tempfile
-    from triton import knobs
     try:
         from triton.backends.nvidia.driver import libcuda_dirs
         dirs = libcuda_dirs()
@@ -257,16 +256,11 @@ def _libcuda_for_linking():
         cc = os.environ.get("CC") or "gcc"
         subprocess.check_call([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
                                os.path.join(tmp, "libcuda.so.1"), os.path.join(tmp, "stub.c")])
-        old = knobs.nvidia.libcuda_path
-        knobs.nvidia.libcuda_path = tmp
-        try:
-            yield [tmp]
-        finally:
-            knobs.nvidia.libcuda_path = old
+        yield [tmp]   # passed to the link step directly (_put_host_module): no Triton knob needs it
 
 
-def _put_host_module(name: str, src: str, libcuda_dirs: list[str]) -> tuple[str, bool]:
-    """compile_module_from_src without loading the result (loading needs a driver): (path, built now)."""
+def _put_host_module(name: str, src: str, libcuda_dirs: list[str]) -> bool:
+    """compile_module_from_src without loading the result (loading needs a driver); True if built now."""
     import sysconfig
     import tempfile
     from triton.backends.nvidia import driver as nvdriver
@@ -275,17 +269,17 @@ def _put_host_module(name: str, src: str, libcuda_dirs: list[str]) -> tuple[str,
     key = hashlib.sha256((src + platform_key()).encode("utf-8")).hexdigest()
     cache = get_cache_manager(key)
     filename = f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    found = cache.get_file(filename)
-    if found is not None:
-        return found, False
+    if cache.get_file(filename) is not None:
+        return False
     with tempfile.TemporaryDirectory() as tmp:
         src_path = os.path.join(tmp, name + ".c")
         with open(src_path, "w") as f:
             f.write(src)
-        so = _build(name, src_path, tmp, [nvdriver.libdevice_dir, *libcuda_dirs], list(nvdriver.include_dirs),
-                    list(nvdriver.libraries), [])
+        so = _build(name, src_path, tmp, [nvdriver.libdevice_dir, *libcuda_dirs], nvdriver.include_dirs,
+                    nvdriver.libraries, [])
         with open(so, "rb") as f:
-            return cache.put(f.read(), filename, binary=True), True
+            cache.put(f.read(), filename, binary=True)
+    return True
 
 
 def launcher_source(src, metadata) -> str:
@@ -294,7 +288,7 @@ def launcher_source(src, metadata) -> str:
     constants = getattr(src, "constants", None) or {}
     arg_idx = lambda x: (src.fn.arg_names.index(x),) if isinstance(x, str) else x  # noqa: E731
     constants = {arg_idx(idx): value for idx, value in constants.items()}
-    signature = dict(src.signature.items())
+    signature = dict(src.signature)
     return make_launcher(constants, signature, getattr(metadata, "tensordesc_meta", None))
 
 
@@ -303,15 +297,12 @@ def build_host_modules(items: Iterable[tuple[Any, Any]], cache_dir: str) -> dict
     cache_dir, where the runtime's compile_module_from_src finds them; returns counts."""
     from pathlib import Path
     from triton.backends.nvidia import driver as nvdriver
-    counts = {"launchers": 0, "built": 0}
     sources = {launcher_source(src, md) for src, md in items}
+    modules = [("cuda_utils", Path(nvdriver.dirname, "driver.c").read_text())] + \
+        [("__triton_launcher", s) for s in sorted(sources)]
     with triton_cache_dir(cache_dir), _libcuda_for_linking() as libdirs:
-        utils_src = Path(nvdriver.dirname, "driver.c").read_text()
-        for name, src in [("cuda_utils", utils_src)] + [("__triton_launcher", s) for s in sorted(sources)]:
-            _path, built = _put_host_module(name, src, libdirs)
-            counts["built"] += built
-        counts["launchers"] = len(sources)
-    return counts
+        built = sum(_put_host_module(name, src, libdirs) for name, src in modules)
+    return {"launchers": len(sources), "built": built}
 
 
 def cache_subdir(hash_hex: str) -> str:

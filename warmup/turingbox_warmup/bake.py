@@ -23,7 +23,6 @@ differing inputs in the log (turingbox_warmup.cache).
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import io
 import json
 import os
@@ -31,7 +30,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from turingbox_warmup import cache, fingerprint
 
@@ -129,7 +128,7 @@ def entry_refusal(entry: str, key: str, source: str) -> str | None:
     problems = cache.entry_problems(entry, key, deep=True)
     if not problems:
         return None
-    if problems == ["entry is incomplete (its manifest was never completed)"]:
+    if problems == [cache.INCOMPLETE]:
         return (f"Cache entry {key} in {source} is incomplete (its manifest was never completed): finish seeding it "
                 "with `turingbox warmup --seed-only` before baking it.")
     return f"Cache entry {key} in {source} is corrupt ({'; '.join(problems[:3])}); reseed it before baking it."
@@ -216,13 +215,17 @@ class VolumeSource:
 
 # ---- the image --------------------------------------------------------------------------------------
 
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), mode, 0
+    tar.addfile(info, io.BytesIO(data))
+
+
 def _tar_bytes(files: Mapping[str, bytes]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o444
-            tar.addfile(info, io.BytesIO(data))
+            _add_bytes(tar, name, data, 0o444)
     return buf.getvalue()
 
 
@@ -279,11 +282,7 @@ def build_context(entry: str, key: str, df: str, manifest: Mapping[str, Any]) ->
     """Dockerfile + entry/ with read-only modes and root ownership; the manifest records the bake."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        def add_bytes(name: str, data: bytes, mode: int) -> None:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), mode, 0
-            tar.addfile(info, io.BytesIO(data))
-        add_bytes("Dockerfile", df.encode(), 0o644)
+        _add_bytes(tar, "Dockerfile", df.encode(), 0o644)
         for dirpath, dirs, names in os.walk(entry, followlinks=True):
             dirs.sort()
             rel = os.path.relpath(dirpath, entry)
@@ -294,7 +293,7 @@ def build_context(entry: str, key: str, df: str, manifest: Mapping[str, Any]) ->
             for name in sorted(names):
                 path = os.path.join(dirpath, name)
                 if rel == "." and name == cache.MANIFEST:
-                    add_bytes(f"{arc}/{name}", json.dumps(manifest, indent=2, sort_keys=True).encode(), 0o444)
+                    _add_bytes(tar, f"{arc}/{name}", json.dumps(manifest, indent=2, sort_keys=True).encode(), 0o444)
                     continue
                 if os.path.islink(path) and not os.path.exists(path):
                     continue
@@ -308,13 +307,18 @@ def build_context(entry: str, key: str, df: str, manifest: Mapping[str, Any]) ->
     return buf
 
 
+def local_image(client, image: str):
+    """The Docker image `image`, or a one-sentence refusal when it is not present here."""
+    try:
+        return client.images.get(image)
+    except Exception:
+        raise BakeRefused(f"The image {image} is not present here; build it with `make image`.") from None
+
+
 def bake(client, image: str, source_desc: str, manifests: Mapping[str, Any], fetch, gpus_json: str | None,
          environ: Mapping[str, str], key: str | None = None, tag: str | None = None, work: str = "",
          log=print) -> dict[str, Any]:
-    try:
-        base = client.images.get(image)
-    except Exception:
-        raise BakeRefused(f"The image {image} is not present here; build it with `make image`.") from None
+    base = local_image(client, image)
     plan = image_plan(client, image, gpus_json, environ)
     chosen = choose_key(plan, manifests, source_desc, image, key)
     entry = fetch(chosen)
@@ -330,7 +334,7 @@ def bake(client, image: str, source_desc: str, manifests: Mapping[str, Any], fet
     name = tag or derived_tag(image, chosen, version)
     manifest = {**manifest, "hits": 0, "last_hit": None,
                 "baked": {"image": image, "from": source_desc,
-                          "at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}}
+                          "at": cache.utc_now()}}
     context = build_context(entry, chosen, dockerfile(base.id, baked_dir, chosen, set_env), manifest)
     log(f"bake: building {name} from {image} with cache entry {chosen} ({cache.format_sizes(manifest.get('sizes') or {})})")
     try:
@@ -375,14 +379,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             volume = VolumeSource(client, a.image, a.from_volume)
             desc = f"volume {a.from_volume}"
-            manifests = None
+            local_image(client, a.image)    # the volume is listed by a container of the image
+            manifests = volume.manifests()
 
             def fetch(key: str) -> str:
                 return volume.fetch(key, work)
-        if manifests is None:
-            if not _image_exists(client, a.image):
-                raise BakeRefused(f"The image {a.image} is not present here; build it with `make image`.")
-            manifests = volume.manifests()
         result = bake(client, a.image, desc, manifests, fetch, a.gpus_json, os.environ, a.key, a.tag, work,
                       log=lambda m: print(m, file=sys.stderr))
     except (BakeRefused, BakeFailed) as exc:
@@ -401,14 +402,6 @@ def main(argv: list[str] | None = None) -> int:
               f"({result['gpu_name']}, TP {result['tensor_parallel_size']}, MTP {result['num_speculative_tokens']}; "
               f"{cache.format_sizes(result['sizes'])})")
     return 0
-
-
-def _image_exists(client, image: str) -> bool:
-    try:
-        client.images.get(image)
-        return True
-    except Exception:
-        return False
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -52,6 +51,8 @@ CACHES: dict[str, tuple[str, str]] = {
 MAX_INCOMPLETE_ATTEMPTS = 2
 # Below this much free space on the volume a seed would fail half-way; run cold instead.
 MIN_FREE_BYTES = 1 << 30
+# entry_problems' verdict on an interrupted seed: a normal miss, not corruption (verify and bake tell them apart).
+INCOMPLETE = "entry is incomplete (its manifest was never completed)"
 
 CACHE_DIR = settings.declare(settings.Setting(
     name="cache_dir",
@@ -201,7 +202,7 @@ def entry_problems(entry: str, key: str, deep: bool = False) -> list[str]:
     if problem:
         return [problem]
     if not manifest.get("completed"):
-        return ["entry is incomplete (its manifest was never completed)"]
+        return [INCOMPLETE]
     problems = []
     try:
         index = read_json(os.path.join(entry, INDEX))

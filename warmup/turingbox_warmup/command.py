@@ -155,7 +155,7 @@ def run_verify(args) -> int:
     report, corrupt = {}, 0
     for key in keys:
         problems = cache.entry_problems(cache.entry_dir(root, key), key, deep=True)
-        incomplete = problems == ["entry is incomplete (its manifest was never completed)"]
+        incomplete = problems == [cache.INCOMPLETE]
         report[key] = {"ok": not problems, "incomplete": incomplete, "problems": problems}
         corrupt += bool(problems) and not incomplete
     if args.json:

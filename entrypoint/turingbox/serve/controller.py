@@ -67,15 +67,21 @@ def check_passthrough(passthrough: list[str]) -> None:
                              "public address and --upstream-port for vLLM's loopback port.")
 
 
-def flag_value(argv: list[str], flag: str) -> str | None:
-    """The last value given to flag (`--flag v` or `--flag=v`) in argv, or None."""
-    value = None
+def flag_values(argv: list[str], flag: str) -> list[str]:
+    """Every value given to flag (`--flag v` or `--flag=v`) in argv, in order."""
+    values = []
     for i, arg in enumerate(argv):
         if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
+            values.append(argv[i + 1])
         elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
+            values.append(arg.split("=", 1)[1])
+    return values
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The last value given to flag in argv, or None."""
+    values = flag_values(argv, flag)
+    return values[-1] if values else None
 
 
 def mask_argv(argv: list[str]) -> list[str]:
@@ -113,11 +119,7 @@ def secret_values(api_key: str | None, argv: list[str], env: Mapping[str, str]) 
     secret-looking environment variables (long enough not to mask ordinary words)."""
     found = [api_key] if api_key else []
     for flag in SECRET_FLAGS:
-        for i, arg in enumerate(argv):
-            if arg == flag and i + 1 < len(argv):
-                found.append(argv[i + 1])
-            elif arg.startswith(flag + "="):
-                found.append(arg.split("=", 1)[1])
+        found += flag_values(argv, flag)
     found += [v for k, v in env.items() if _SECRET_ENV.search(k) and len(v) >= 8]
     return sorted({s for s in found if s})
 
@@ -465,9 +467,9 @@ class Controller:
             self.tracker.fail(f"Planning failed: {type(exc).__name__}: {exc}.")
             return
         self.raw_plan = plan
-        self.secrets = sorted(set(self.secrets) | set(secret_values(None, [str(a) for a in plan.get("vllm_args", [])],
-                                                                    {k: str(v) for k, v in (plan.get("env") or {}).items()
-                                                                     if v is not None})))
+        plan_env = {k: str(v) for k, v in (plan.get("env") or {}).items() if v is not None}
+        plan_args = [str(a) for a in plan.get("vllm_args", [])]
+        self.secrets = sorted({*self.secrets, *secret_values(None, plan_args, plan_env)})
         self.redact = self.supervisor.redact = make_redactor(self.secrets)
         self.state.plan = public_plan(plan, self.secrets)
         log.info("plan %s", json.dumps(self.state.plan, sort_keys=True, separators=(",", ":")))
@@ -477,7 +479,7 @@ class Controller:
 
         # 2. caches
         env = dict(os.environ)
-        env.update({k: str(v) for k, v in (plan.get("env") or {}).items() if v is not None})
+        env.update(plan_env)
         for k, v in (plan.get("env") or {}).items():
             if v is None:               # the plan asks for a variable to be unset (e.g. VLLM_PLUGINS)
                 env.pop(k, None)

@@ -38,6 +38,7 @@ _DROP_REQUEST_B = {h.encode() for h in _DROP_REQUEST}
 _DROP_RESPONSE_B = {h.encode() for h in _DROP_RESPONSE}
 PROXY_METHODS = ["GET", "POST"]     # all vLLM 0.21 serves under /v1; nothing else reaches it
 DRAINING_RETRY_AFTER_S = 5
+_NEED_KEY = "A valid API key is required: send 'Authorization: Bearer <key>'."
 
 
 @dataclass
@@ -95,16 +96,18 @@ class ServeState:
         return str(max(1, min(int(math.ceil(estimate)), 600)))
 
 
-def _error(status: int, message: str, kind: str, headers: dict | None = None, **extra: Any) -> JSONResponse:
+def _error_body(status: int, message: str, kind: str, **extra: Any) -> dict:
     """An OpenAI-shaped error body, so OpenAI clients show the message."""
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status, **extra}},
-                        status_code=status, headers=headers)
+    return {"error": {"message": message, "type": kind, "param": None, "code": status, **extra}}
+
+
+def _error(status: int, message: str, kind: str, headers: dict | None = None, **extra: Any) -> JSONResponse:
+    return JSONResponse(_error_body(status, message, kind, **extra), status_code=status, headers=headers)
 
 
 def sse_error_event(message: str, status: int = 502) -> bytes:
     """The error event vLLM itself sends when a stream fails, followed by [DONE]."""
-    payload = {"error": {"message": message, "type": "upstream_error", "param": None, "code": status}}
-    return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
+    return b"data: " + json.dumps(_error_body(status, message, "upstream_error")).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 # What the upstream pool raises when vLLM cannot be reached or breaks an exchange off.
@@ -235,10 +238,6 @@ async def _send_json(send, status: int, body: dict, headers: dict | None = None)
     await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
-def _error_body(status: int, message: str, kind: str, **extra: Any) -> dict:
-    return {"error": {"message": message, "type": kind, "param": None, "code": status, **extra}}
-
-
 class Live(BaseModel):
     status: str = Field(description="'alive' (also while starting) or 'dead' (vLLM is gone)")
     stage: Optional[str] = None
@@ -320,8 +319,7 @@ class Sidecar:
 
     def unauthorized(self) -> JSONResponse:
         self.metrics.rejected.labels("unauthorized").inc()
-        return _error(401, "A valid API key is required: send 'Authorization: Bearer <key>'.",
-                      "invalid_request_error", headers={"WWW-Authenticate": "Bearer"})
+        return _error(401, _NEED_KEY, "invalid_request_error", headers={"WWW-Authenticate": "Bearer"})
 
     # -- FastAPI: health, metrics, plan (and the /v1 route, for the schema only)
 
@@ -423,8 +421,9 @@ class Sidecar:
         route = route_label(scope["path"])
         authorization = None
         for k, v in scope["headers"]:
-            if k == b"authorization":
+            if k == b"authorization":          # the first one, as Starlette's headers.get reads it
                 authorization = v.decode("latin-1")
+                break
         if scope["method"] not in PROXY_METHODS:      # TRACE, CONNECT, ...: never forwarded
             m.requests.labels(route, "405").inc()
             await _send_json(send, 405, _error_body(405, f"Method {scope['method']} is not allowed here.",
@@ -433,8 +432,7 @@ class Sidecar:
         if not self.key_ok(authorization):
             m.requests.labels(route, "401").inc()
             m.rejected.labels("unauthorized").inc()
-            await _send_json(send, 401, _error_body(401, "A valid API key is required: send 'Authorization: "
-                                                         "Bearer <key>'.", "invalid_request_error"),
+            await _send_json(send, 401, _error_body(401, _NEED_KEY, "invalid_request_error"),
                              {"WWW-Authenticate": "Bearer"})
             return
         if not st.is_ready() or st.upstream_url is None:

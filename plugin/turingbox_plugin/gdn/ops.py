@@ -18,7 +18,6 @@ _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 _SCALAR_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
-
 def _head_geometry(q, v) -> tuple[int, int, int, int]:
     """(B, T, key heads, value heads) of [B, T, H, 128] q and v; both kernels share these limits."""
     B, T, Hk, K = q.shape
@@ -28,6 +27,7 @@ def _head_geometry(q, v) -> tuple[int, int, int, int]:
     if Hv % Hk:
         raise ValueError(f"value heads ({Hv}) must be a multiple of key heads ({Hk}).")
     return B, T, Hk, Hv
+
 
 def _act_code(t: torch.Tensor, name: str) -> int:
     if t.dtype not in _DTYPE_CODE:
