@@ -30,6 +30,14 @@ variable FAKE_VLLM_NAME (upper case, '-' -> '_'):
   child 1             start a child process in the same process group (like vLLM's engine core)
   keepalive-race 1    close a kept-alive connection instead of answering its second GET: what a client sees
                       when uvicorn's keep-alive timeout (vLLM: 5 s) fires just as the request arrives
+  keepalive-race-methods M,N  the methods keepalive-race applies to (GET)
+  close-after-error 1 after an error answer (4xx/5xx from a completion route), close the connection
+                      ~20 ms later without `Connection: close`, unread bytes and all, as vLLM 0.21's uvicorn
+                      does after "Exception in ASGI application" (1: the default, as vLLM behaves)
+  max-model-len N     prompts longer than this (in words) get vLLM's 400 (4096)
+
+Like vLLM 0.21 with a --speculative-config, min_p > 0 or a logit_bias gets vLLM's 400 ("... are not yet
+supported with speculative decoding.").
 """
 from __future__ import annotations
 
@@ -48,8 +56,11 @@ DEFAULTS = {
     "stage-seconds": "0", "startup-seconds": "0", "chunks": "5", "chunk-delay": "0", "first-chunk-delay": "0", "role-chunk": "0",
     "die-after-chunks": "0", "exit-code": "3", "die-signal": "0", "fail-at": "", "control-dir": "",
     "events": "", "plugin": "ok", "jit-after-ready": "", "ignore-sigterm": "0", "sigterm-seconds": "0",
-    "child": "0", "fail-requests": "0", "keepalive-race": "0",
+    "child": "0", "fail-requests": "0", "keepalive-race": "0", "close-after-error": "1", "max-model-len": "4096",
+    "keepalive-race-methods": "GET",
 }
+# vLLM 0.21's own message (sampling_params.py, _validate_spec_decode).
+SPEC_DECODE_REFUSAL = "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -70,7 +81,8 @@ def parse(argv: list[str]) -> dict:
             "port": int(flag_value(argv, "--port") or 8000),
             "served": flag_value(argv, "--served-model-name") or argv[1],
             "tp": int(flag_value(argv, "--tensor-parallel-size") or 1),
-            "api_key": flag_value(argv, "--api-key")}
+            "api_key": flag_value(argv, "--api-key"),
+            "speculative": flag_value(argv, "--speculative-config") is not None}
     extra = flag_value(argv, "--additional-config")
     try:
         opts["turingbox"] = (json.loads(extra) if extra else {}).get("turingbox", {})
@@ -145,7 +157,7 @@ class Handler(BaseHTTPRequestHandler):
             return False
         served = getattr(self, "_served_on_connection", 0)
         self._served_on_connection = served + 1
-        if served and self.command == "GET" and O["keepalive-race"] == "1":
+        if served and self.command in O["keepalive-race-methods"].split(",") and O["keepalive-race"] == "1":
             self.close_connection = True            # no response at all: the client reads EOF
             return False
         return True
@@ -160,6 +172,27 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _error_then_close(self, status: int, message: str, kind: str) -> None:
+        """An error answer from inside the app: vLLM's uvicorn then drops the connection a few ms later."""
+        self._json(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
+        if O["close-after-error"] not in ("0", ""):
+            self.wfile.flush()
+            time.sleep(0.02)     # long enough for a pooled client to write its next request into it
+            self.close_connection = True
+
+    def _refusal(self, body: dict) -> tuple[int, str] | None:
+        """vLLM's own 400s for what the fake can check: spec-decode parameters, prompt length."""
+        if O["speculative"] and ((body.get("min_p") or 0) > 1e-5 or body.get("logit_bias")):
+            return 400, SPEC_DECODE_REFUSAL
+        prompt = body.get("prompt")
+        if prompt is None:
+            prompt = " ".join(str(m.get("content", "")) for m in body.get("messages") or [] if isinstance(m, dict))
+        words = len(str(prompt).split())
+        if words > int(O["max-model-len"]):
+            return 400, (f"This model's maximum context length is {O['max-model-len']} tokens. However, your "
+                         f"request has {words} input tokens. Please reduce the length of the input messages.")
+        return None
 
     def _authorized(self) -> bool:
         if not O["api_key"]:
@@ -217,12 +250,16 @@ class Handler(BaseHTTPRequestHandler):
             if not isinstance(body, dict):
                 raise ValueError("not an object")
         except ValueError as exc:
-            self._json(400, {"error": {"message": f"invalid JSON: {exc}", "type": "BadRequestError", "code": 400}})
+            self._error_then_close(400, f"invalid JSON: {exc}", "BadRequestError")
             return
         if O["fail-requests"] not in ("0", ""):
             event("request", id=0, path=path, failed=True)
-            self._json(500, {"error": {"message": "EngineCore encountered an issue (fake).",
-                                       "type": "InternalServerError", "code": 500}})
+            self._error_then_close(500, "EngineCore encountered an issue (fake).", "InternalServerError")
+            return
+        refused = self._refusal(body)
+        if refused is not None:
+            event("request", id=0, path=path, refused=refused[0])
+            self._error_then_close(refused[0], refused[1], "BadRequestError")
             return
         rid = next(_request_ids)
         chat = path.endswith("chat/completions")

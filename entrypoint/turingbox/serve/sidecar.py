@@ -113,6 +113,14 @@ def sse_error_event(message: str, status: int = 502) -> bytes:
 # What the upstream pool raises when vLLM cannot be reached or breaks an exchange off.
 UPSTREAM_ERRORS = (httpcore.NetworkError, httpcore.ProtocolError, httpcore.TimeoutException, OSError)
 _CONNECT_ERRORS = (httpcore.ConnectError, httpcore.ConnectTimeout, ConnectionRefusedError)
+# Raised before any byte of a response arrived on a pooled connection that the server had closed
+# (or was closing) under us: the request never reached vLLM's app, so it is safe to send once more.
+_RETRY_ERRORS = (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError, ConnectionResetError,
+                 BrokenPipeError)
+# vLLM 0.21's refusal of sampling parameters under speculative decoding (sampling_params.py,
+# _validate_spec_decode): the sidecar adds the appliance's remedy to the message.
+_SPEC_DECODE_REFUSAL = b"not yet supported with speculative decoding"
+_MAX_ERROR_BODY = 64 * 1024
 # vLLM's uvicorn closes idle keep-alive connections after 5 s: retire ours before that, so a request
 # is never written into a connection the server is closing at the same moment.
 UPSTREAM_KEEPALIVE_S = 4.0
@@ -514,14 +522,62 @@ class Sidecar:
                                    headers=headers, content=body, extensions=_UPSTREAM_TIMEOUTS)
         return await self._exchange(request, scope, receive, send, route, t0)
 
+    async def _send(self, request: httpcore.Request, fresh: list) -> httpcore.Response:
+        """The pool's answer; once more on a new connection of its own when a pooled one was dead.
+
+        vLLM's uvicorn closes a connection a few ms after answering an error raised in its app, and
+        after 5 s idle, without `Connection: close`: a request written into such a connection gets
+        nothing back. The retry's connection is not pooled (`fresh` holds it; closed after use).
+        """
+        try:
+            return await self.pool.handle_async_request(request)
+        except _RETRY_ERRORS as exc:
+            self.metrics.upstream_errors.labels("retried").inc()
+            log.info("vLLM closed a pooled connection before answering (%s): retrying on a new one",
+                     type(exc).__name__)
+        url = request.url
+        conn = httpcore.AsyncHTTPConnection(origin=httpcore.Origin(url.scheme, url.host, url.port))
+        fresh.append(conn)
+        return await conn.handle_async_request(request)
+
+    async def _retire_connection(self, upstream: httpcore.Response) -> None:
+        """Close the connection an error answer came on, so the pool never hands it out again.
+
+        Its socket closed, the pool sees the idle connection as expired (readable) and drops it.
+        """
+        stream = upstream.extensions.get("network_stream")
+        if stream is not None:
+            with contextlib.suppress(*UPSTREAM_ERRORS):
+                await stream.aclose()
+
+    async def _error_answer(self, upstream: httpcore.Response, headers: list) -> tuple[list, bytes | None]:
+        """An error answer read whole (it is small); vLLM's spec-decode refusal gets the remedy added."""
+        body = b""
+        async for chunk in upstream.aiter_stream():
+            body += chunk
+            if len(body) > _MAX_ERROR_BODY:
+                return headers, body          # not an error message vLLM writes: pass through as is
+        spec = (self.state.plan or {}).get("num_speculative_tokens") or 0
+        if upstream.status == 400 and spec and _SPEC_DECODE_REFUSAL in body:
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                payload = json.loads(body)
+                payload["error"]["message"] = (
+                    payload["error"]["message"].rstrip() + f" turingbox turned on MTP speculative decoding "
+                    f"({spec} draft tokens); restart with TURINGBOX_MTP=0 (or --mtp 0) to use min_p and logit_bias.")
+                body = json.dumps(payload).encode()
+                headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+                headers.append((b"content-length", str(len(body)).encode()))
+        return headers, body
+
     async def _exchange(self, request: httpcore.Request, scope, receive, send, route: str, t0: float) -> str:
         """Send to vLLM and stream its answer back; watches for the client going away meanwhile."""
         sc_state, m = self.state, self.metrics
         upstream: httpcore.Response | None = None
+        fresh: list = []          # a retry's own connection, closed at the end
         disconnected = asyncio.create_task(_wait_for_disconnect(receive))
         try:
             m.overhead.labels(route).observe(time.perf_counter() - t0)
-            sending = asyncio.create_task(self.pool.handle_async_request(request))
+            sending = asyncio.create_task(self._send(request, fresh))
             await asyncio.wait({sending, disconnected}, return_when=asyncio.FIRST_COMPLETED)
             if not sending.done():                 # client left before vLLM even answered
                 sending.cancel()
@@ -538,6 +594,26 @@ class Sidecar:
             headers = [(k, v) for k, v in upstream.headers if k.lower() not in _DROP_RESPONSE_B]
             content_type = next((v for k, v in upstream.headers if k.lower() == b"content-type"), b"")
             is_sse = content_type.startswith(b"text/event-stream")
+            if upstream.status >= 400:      # its connection is retired in `finally`
+                if not is_sse:
+                    reading = asyncio.create_task(self._error_answer(upstream, headers))
+                    await asyncio.wait({reading, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+                    if not reading.done():
+                        reading.cancel()
+                        await asyncio.gather(reading, return_exceptions=True)
+                        m.client_disconnects.inc()
+                        return "499"
+                    try:
+                        headers, body = reading.result()
+                    except UPSTREAM_ERRORS as exc:
+                        m.upstream_errors.labels("broken_stream").inc()
+                        await _send_json(send, 502, _error_body(502, f"the model server broke off its error answer "
+                                                                     f"({type(exc).__name__}).", "upstream_error"))
+                        return "502"
+                    m.first_byte.labels(route).observe(time.perf_counter() - t0)
+                    await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+                    await send({"type": "http.response.body", "body": body, "more_body": False})
+                    return str(upstream.status)
             if is_sse:
                 headers.append((b"x-accel-buffering", b"no"))
             await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
@@ -553,10 +629,16 @@ class Sidecar:
         finally:
             disconnected.cancel()
             if upstream is not None:
+                if upstream.status >= 400:
+                    # vLLM drops the connection of an error answer a few ms later: never reuse it.
+                    await self._retire_connection(upstream)
                 # Closing a response that was not read to the end closes its connection: vLLM sees
                 # the disconnect and aborts the generation.
                 with contextlib.suppress(*UPSTREAM_ERRORS):
                     await upstream.aclose()
+            for conn in fresh:
+                with contextlib.suppress(*UPSTREAM_ERRORS):
+                    await conn.aclose()
 
     async def _pump(self, upstream: httpcore.Response, send, is_sse: bool, route: str, t0: float) -> None:
         m = self.metrics
