@@ -1,8 +1,11 @@
 """Whether the plugin is active in this process, and with which settings.
 
-Pure: a function of vLLM's `additional_config` dict and the environment. The plan passes
-`--additional-config '{"turingbox": {...}}'`; users running `vllm serve` themselves may use that
-or TURINGBOX_* variables (the variables win, so an operator can flip a switch without editing argv).
+Pure: a function of vLLM's `additional_config` dict and the environment, and the only place the
+plugin reads its settings. The appliance passes its resolved values in
+`--additional-config '{"turingbox": {...}}'` (flag > env > default already applied there); users
+running `vllm serve` themselves may use that or TURINGBOX_* variables. A key present in
+additional_config wins over the variable, the same order as the appliance's own (the explicit
+argument beats the ambient environment); a variable only fills keys the config leaves out.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from typing import Any, Mapping, Sequence
 CONFIG_KEY = "turingbox"          # key inside vLLM's additional_config
 ENV_ACTIVATE = "TURINGBOX_PLUGIN"  # any true value activates the plugin without additional_config
 
+GDN_MODES = ("auto", "turbo", "vllm")   # the appliance's TURINGBOX_GDN values, "auto" its default
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
@@ -24,7 +28,7 @@ class PluginSettings:
     strict_warmup: bool = False
     require_plugin: bool = False
     benchmark_mode: bool = False
-    gdn: str = "vllm"                     # "turbo" | "vllm"
+    gdn: str = "vllm"                     # "turbo" | "vllm" | "auto" (turbo on sm_75, see gdn_path)
     num_speculative_tokens: int | None = None
     max_num_seqs: int | None = None
     cudagraph_capture_sizes: tuple[int, ...] = ()
@@ -32,6 +36,12 @@ class PluginSettings:
     prune_autotune: bool = True           # sm_75: drop autotune configs differing only in num_stages
     source: str = "inactive"              # "additional_config" | "env" | "inactive"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def gdn_path(self, capability: tuple[int, int] | None) -> str:
+        """The GDN path for a GPU of this compute capability: "auto" picks turbo on sm_75 only."""
+        if self.gdn != "auto":
+            return self.gdn
+        return "turbo" if capability == (7, 5) else "vllm"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -87,15 +97,19 @@ def resolve_settings(additional_config: Any = None, env: Mapping[str, str] | Non
     cfg = dict(section or {})
 
     def flag(key: str, env_name: str, default: bool) -> bool:
-        if env.get(env_name, "") != "":
-            return _truthy(env[env_name], env_name)
         if key in cfg:
             return _truthy(cfg[key], f"additional_config.{CONFIG_KEY}.{key}")
+        if env.get(env_name, "") != "":
+            return _truthy(env[env_name], env_name)
         return default
 
-    gdn = str(env.get("TURINGBOX_GDN") or cfg.get("gdn") or "vllm").strip().lower()
-    if gdn not in ("turbo", "vllm"):
-        raise ValueError(f"gdn = {gdn!r} is not one of turbo, vllm")
+    if cfg.get("gdn") is not None:
+        gdn, gdn_source = str(cfg["gdn"]), f"additional_config.{CONFIG_KEY}.gdn"
+    else:
+        gdn, gdn_source = env.get("TURINGBOX_GDN") or "vllm", "TURINGBOX_GDN"
+    gdn = gdn.strip().lower()
+    if gdn not in GDN_MODES:
+        raise ValueError(f"{gdn_source} = {gdn!r} is not one of {', '.join(GDN_MODES)}")
     sizes = cfg.get("cudagraph_capture_sizes") or ()
     if not isinstance(sizes, Sequence) or isinstance(sizes, str) or not all(
             isinstance(s, int) and s > 0 for s in sizes):
@@ -120,7 +134,7 @@ def resolve_settings(additional_config: Any = None, env: Mapping[str, str] | Non
         num_speculative_tokens=opt_int("num_speculative_tokens"),
         max_num_seqs=opt_int("max_num_seqs"),
         cudagraph_capture_sizes=tuple(sorted(set(sizes))),
-        runtime_dir=env.get("TURINGBOX_RUNTIME_DIR") or cfg.get("runtime_dir") or None,
+        runtime_dir=cfg.get("runtime_dir") or env.get("TURINGBOX_RUNTIME_DIR") or None,
         prune_autotune=flag("prune_autotune", "TURINGBOX_PRUNE_AUTOTUNE", True),
         source="additional_config" if section is not None else "env",
         extra={k: v for k, v in cfg.items() if k not in known},

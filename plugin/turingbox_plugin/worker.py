@@ -113,10 +113,20 @@ class TuringboxWorker(Worker):
             "async_scheduling": bool(vc.scheduler_config.async_scheduling),
         }
 
+    def _capability(self) -> tuple[int, int] | None:
+        """This worker's GPU (a worker process may touch CUDA; the API server and engine core never do)."""
+        try:
+            import torch
+
+            return tuple(torch.cuda.get_device_capability(self.device))  # type: ignore[return-value]
+        except Exception:
+            return None
+
     # -- vLLM hooks ---------------------------------------------------------------------------
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         s = self.tb_settings
-        if s.active and s.gdn == "turbo":
+        gdn = s.gdn_path(self._capability()) if s.active else "vllm"
+        if gdn == "turbo":
             installed = False
             try:
                 from turingbox_plugin.gdn import hook as gdn_hook

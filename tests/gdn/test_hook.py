@@ -9,13 +9,15 @@ import pytest
 from turingbox_plugin.gdn import hook, library
 
 
-def test_env_overrides_the_plan_mode():
-    assert hook.resolve_mode("turbo", {}) == "turbo"
-    assert hook.resolve_mode("turbo", {"TURINGBOX_GDN": "vllm"}) == "vllm"
-    assert hook.resolve_mode(None, {"TURINGBOX_GDN": " Turbo "}) == "turbo"
-    assert hook.resolve_mode(None, {}) == "vllm"
-    with pytest.raises(ValueError, match="TURINGBOX_GDN must be one of turbo, vllm, not 'fast'"):
-        hook.resolve_mode("turbo", {"TURINGBOX_GDN": "fast"})
+def test_mode_is_the_resolved_argument_never_the_environment(monkeypatch):
+    """The plugin resolves TURINGBOX_GDN once (activation.resolve_settings); the hook must not re-read it."""
+    assert hook.check_mode("turbo") == "turbo"
+    assert hook.check_mode(" Turbo ") == "turbo"
+    assert hook.check_mode(None) == "vllm"
+    monkeypatch.setenv("TURINGBOX_GDN", "vllm")
+    assert hook.check_mode("turbo") == "turbo"
+    with pytest.raises(ValueError, match="gdn mode must be one of turbo, vllm, not 'fast'"):
+        hook.check_mode("fast")
 
 
 def test_vllm_mode_installs_nothing(monkeypatch):
@@ -25,10 +27,9 @@ def test_vllm_mode_installs_nothing(monkeypatch):
                                   "reason": "vLLM's GDN kernels requested"}
 
 
-def test_bad_env_value_is_refused(monkeypatch):
-    monkeypatch.setenv("TURINGBOX_GDN", "fast")
-    assert hook.install("turbo") is False
-    assert "TURINGBOX_GDN must be one of" in hook.last_status()["reason"]
+def test_bad_mode_is_refused():
+    assert hook.install("fast") is False
+    assert "gdn mode must be one of" in hook.last_status()["reason"]
 
 
 def test_turbo_without_library_falls_back_loudly(monkeypatch, tmp_path, caplog):

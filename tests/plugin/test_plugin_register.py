@@ -99,11 +99,19 @@ def test_settings_precedence_and_validation():
                                         "runtime_dir": "/run/tb"}}, {})
     assert s.active and s.strict_warmup and s.gdn == "turbo" and s.source == "additional_config"
     assert s.cudagraph_capture_sizes == (1, 2, 4) and s.runtime_dir == "/run/tb"
-    env = {"TURINGBOX_STRICT_WARMUP": "0", "TURINGBOX_RUNTIME_DIR": "/x"}
-    s2 = resolve_settings({"turingbox": {"strict_warmup": True}}, env)
-    assert not s2.strict_warmup and s2.runtime_dir == "/x"
+    # additional_config (the appliance's resolved values) wins; a variable fills only what it leaves out.
+    env = {"TURINGBOX_STRICT_WARMUP": "0", "TURINGBOX_RUNTIME_DIR": "/x", "TURINGBOX_GDN": "auto"}
+    s2 = resolve_settings({"turingbox": {"strict_warmup": True, "gdn": "vllm"}}, env)
+    assert s2.strict_warmup and s2.runtime_dir == "/x" and s2.gdn == "vllm"
     s3 = resolve_settings(None, {"TURINGBOX_PLUGIN": "1", "TURINGBOX_REQUIRE_PLUGIN": "yes"})
     assert s3.active and s3.require_plugin and s3.source == "env"
+    # TURINGBOX_GDN=auto, the appliance's documented default, is a valid value (issue 15: it killed
+    # every worker 58 s into startup): turbo on sm_75, vLLM's kernels elsewhere.
+    s4 = resolve_settings({"turingbox": {"strict_warmup": True}}, {"TURINGBOX_GDN": "auto"})
+    assert s4.gdn == "auto" and s4.gdn_path((7, 5)) == "turbo" and s4.gdn_path((9, 0)) == "vllm"
+    assert s4.gdn_path(None) == "vllm"
+    with pytest.raises(ValueError, match="TURINGBOX_GDN = 'fast' is not one of auto, turbo, vllm"):
+        resolve_settings({"turingbox": {}}, {"TURINGBOX_GDN": "fast"})
     for bad in ({"turingbox": {"gdn": "warp"}}, {"turingbox": {"strict_warmup": "maybe"}},
                 {"turingbox": {"cudagraph_capture_sizes": [0]}}, {"turingbox": {"max_num_seqs": -1}},
                 {"turingbox": []}):

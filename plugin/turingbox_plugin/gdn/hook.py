@@ -11,7 +11,7 @@ registered out-of-tree class instead). The subclass
 Mixed batches (prefill + spec decode in one step) keep vLLM's path for the decode part while the
 prefill part still uses the tensor-core kernel. `install()` must run before the model is built.
 
-Mode: `install("turbo")` or `install("vllm")`; TURINGBOX_GDN=turbo|vllm overrides the argument.
+Mode: `install("turbo")` or `install("vllm")`, as resolved once by activation.resolve_settings.
 `install` returns True only when the layer is substituted; otherwise it logs one loud line and
 returns False; `last_status()` tells why.
 """
@@ -24,7 +24,6 @@ import threading
 
 from . import library
 
-ENV_MODE = "TURINGBOX_GDN"
 MODES = ("turbo", "vllm")
 LAYER_NAME = "GatedDeltaNetAttention"
 
@@ -37,13 +36,11 @@ def last_status() -> dict:
     return dict(_status)
 
 
-def resolve_mode(mode: str | None, env: dict | None = None) -> str:
-    """TURINGBOX_GDN wins over the plan's mode; anything else than turbo|vllm is an error."""
-    env = os.environ if env is None else env
-    chosen = (env.get(ENV_MODE) or mode or "vllm").strip().lower()
+def check_mode(mode: str | None) -> str:
+    """The resolved mode (activation.PluginSettings.gdn_path), never re-read from the environment."""
+    chosen = (mode or "vllm").strip().lower()
     if chosen not in MODES:
-        source = ENV_MODE if env.get(ENV_MODE) else "gdn mode"
-        raise ValueError(f"{source} must be one of {', '.join(MODES)}, not {chosen!r}.")
+        raise ValueError(f"gdn mode must be one of {', '.join(MODES)}, not {chosen!r}.")
     return chosen
 
 
@@ -60,7 +57,7 @@ def install(mode: str | None = "turbo") -> bool:
     """Register the turbo GDN layer with vLLM. Re-entrant; never initialises CUDA."""
     with _lock:
         try:
-            chosen = resolve_mode(mode)
+            chosen = check_mode(mode)
         except ValueError as exc:
             return _set(False, None, str(exc))
         if chosen == "vllm":
