@@ -167,6 +167,14 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check_model)
 
+    p = sub.add_parser("jit-report", help="Triton compiles after ready vs warmup's: which argument was missed")
+    p.add_argument("--runtime-dir", default=None, help="the workers' runtime dir (jit-keys-rank*.jsonl)")
+    p.add_argument("--url", default="http://localhost:8000", help="or a running turingbox, to read it from the plan")
+    p.add_argument("--api-key", default=None, help="bearer token for --url")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--output", default=None, help="also write the JSON report to this file")
+    p.set_defaults(func=cmd_jit_report)
+
     p = sub.add_parser("bench", help="benchmarks against a running server")
     bsub = p.add_subparsers(dest="bench_command", metavar="BENCH")
     d = bsub.add_parser("decode", help="decode tok/s: non-streaming requests at concurrency 1")
@@ -181,6 +189,31 @@ def register(sub: Any) -> None:
     f.add_argument("--plot", default=None, help="write a PNG plot here")
     f.set_defaults(func=cmd_bench_prefill)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def cmd_jit_report(args: argparse.Namespace) -> int:
+    from turingbox_plugin import jit_report
+
+    runtime_dir = args.runtime_dir
+    if not runtime_dir:
+        import httpx
+
+        try:
+            plan = httpx.get(args.url.rstrip("/") + "/turingbox/plan", timeout=10,
+                             headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}).json()
+            runtime_dir = (plan.get("env") or {}).get("TURINGBOX_RUNTIME_DIR")
+        except (httpx.HTTPError, ValueError) as exc:
+            raise ToolError(f"--url {args.url}: the plan could not be read ({type(exc).__name__}).") from None
+        if not runtime_dir:
+            raise ToolError(f"--url {args.url}: the plan names no TURINGBOX_RUNTIME_DIR; give --runtime-dir.")
+    if not os.path.isdir(runtime_dir):
+        raise ToolError(f"--runtime-dir {runtime_dir!r} is not a directory.", 2)
+    rep = jit_report.report(runtime_dir)
+    print(json.dumps(rep, indent=2) if args.json else jit_report.format_text(rep))
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(rep, f, indent=2)
+    return 1 if rep["after_ready_total"] else 0
 
 
 def _default_arch(args: argparse.Namespace) -> argparse.Namespace:

@@ -8,8 +8,11 @@ at the end of warmup) chains to ours the same way, so neither replaces the other
 """
 from __future__ import annotations
 
+import ast
+import json
 import logging
 import threading
+import time
 from collections import Counter
 from typing import Any, Callable
 
@@ -26,10 +29,86 @@ def kernel_name(fn: Any) -> str:
     return str(name) if name else "<unknown>"
 
 
-class JitAccountant:
-    """Per-kernel compile counts; `mark_ready()` switches counting to the after-ready bucket."""
+def compile_record(name: str, phase: str, kwargs: dict) -> dict[str, Any]:
+    """What one compile was specialised on, from the hook's kwargs (Triton 3.6).
 
-    def __init__(self, on_jit_after_ready: Callable[[str, dict], None] | None = None):
+    `params` maps each argument to its specialisation as the launch's in-memory cache key has it
+    (`key`: str(specialization) + str(options)): the signature type, then `:D` (divisible by 16) or
+    `=value` (a constexpr, or an annotated int equal to 1: the same binary on disk, a new in-memory
+    key, so a compile event). jit_report compares these.
+    """
+    rec: dict[str, Any] = {"kernel": name, "phase": phase, "t": round(time.time(), 3)}
+    fn = getattr(kwargs.get("fn"), "jit_function", None)
+    names = [p.name for p in getattr(fn, "params", [])]
+    specialization, options = _split_key(kwargs.get("key"))
+    if specialization is not None and len(specialization) == len(names):
+        rec["params"] = {n: _spec_text(sp) for n, sp in zip(names, specialization)}
+        rec["options"] = options[:400]
+        return rec
+    # Fallback: the compile's own signature and attributes (no in-memory-only distinctions).
+    compile_kw = kwargs.get("compile") or {}
+    try:
+        data = json.loads(compile_kw.get("specialization_data") or "{}")
+    except (TypeError, ValueError):
+        data = {}
+    signature = data.get("signature") or {}
+    names = names or list(signature)
+    constants = {tuple(k)[0] if k else None: v for k, v in zip(data.get("constant_keys") or [],
+                                                                 data.get("constant_vals") or [])}
+    attrs = {tuple(k)[0] if k else None: v for k, v in zip(data.get("attrs_keys") or [], data.get("attrs_vals") or [])}
+    params: dict[str, str] = {}
+    for i, pname in enumerate(names):
+        ty = signature.get(pname, "?")
+        if i in constants:
+            params[pname] = f"{ty}={constants[i]!r}"
+        else:
+            params[pname] = f"{ty}:{_attr_text(attrs[i])}" if attrs.get(i) else str(ty)
+    rec["params"] = params
+    opts = data.get("options") or {}
+    rec["options"] = str({k: opts.get(k) for k in ("num_warps", "num_stages", "num_ctas") if k in opts})
+    return rec
+
+
+def _split_key(key: Any) -> tuple[list | None, str]:
+    """Triton's cache key string -> (specialization list, options text)."""
+    if not isinstance(key, str) or "]{" not in key:
+        return None, ""
+    cut = key.rindex("]{") + 1
+    try:
+        spec = ast.literal_eval(key[:cut])
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None, key[cut:]
+    return (spec if isinstance(spec, list) else None), key[cut:]
+
+
+def _spec_text(entry: Any) -> str:
+    if not isinstance(entry, tuple) or not entry:
+        return repr(entry)
+    ty, *rest = entry
+    spec = rest[0] if rest else None
+    if spec is None or spec == "":
+        return str(ty)
+    if spec == "D":
+        return f"{ty}:D"
+    return f"{ty}={spec!r}"
+
+
+def _attr_text(attr: Any) -> str:
+    """Triton's parsed attribute list, e.g. [['tt.divisibility', 16]] -> 'D'."""
+    text = json.dumps(attr)
+    return "D" if "divisibility" in text else text
+
+
+class JitAccountant:
+    """Per-kernel compile counts; `mark_ready()` switches counting to the after-ready bucket.
+
+    With `key_log`, every compile is also appended to that JSON-lines file (compile_record), so a
+    miss after ready can be compared with what warmup compiled (`turingbox-plugin jit-report`).
+    """
+
+    def __init__(self, on_jit_after_ready: Callable[[str, dict], None] | None = None,
+                 key_log: str | None = None):
+        self.key_log = key_log
         self.before_ready: Counter[str] = Counter()
         self.after_ready: Counter[str] = Counter()
         self.ready = False
@@ -54,6 +133,14 @@ class JitAccountant:
             bucket = self.after_ready if self.ready else self.before_ready
             bucket[name] += 1
             after = self.ready
+            if self.key_log:
+                try:
+                    line = json.dumps(compile_record(name, "after_ready" if after else "warmup", kwargs or {}),
+                                      default=str)
+                    with open(self.key_log, "a") as f:
+                        f.write(line + "\n")
+                except (OSError, TypeError, ValueError):
+                    log.debug("turingbox: compile key not logged", exc_info=True)
         if after and self._on_after_ready is not None:
             self._on_after_ready(name, kwargs or {})
 

@@ -59,12 +59,21 @@ class TuringboxWorker(Worker):
         except ValueError as exc:
             raise _startup_fail(f"bad plugin configuration: {exc}.") from None
         s = self.tb_settings
-        self.tb_accountant = JitAccountant(on_jit_after_ready=self._on_jit_after_ready)
+        runtime_dir = runtime_dir_from(s.runtime_dir)
+        key_log = None
+        if s.active and runtime_dir:
+            from turingbox_plugin.jit_report import key_log_path
+
+            key_log = key_log_path(runtime_dir, self.rank)
+            with contextlib.suppress(OSError):
+                os.makedirs(runtime_dir, exist_ok=True)
+                open(key_log, "w").close()       # this start's compiles only
+        self.tb_accountant = JitAccountant(on_jit_after_ready=self._on_jit_after_ready, key_log=key_log)
         self.tb_status: StatusWriter | None = None
         self.tb_active_paths: dict[str, Any] = {}
         if not s.active:
             return
-        self.tb_status = StatusWriter(runtime_dir_from(s.runtime_dir), self.rank, {
+        self.tb_status = StatusWriter(runtime_dir, self.rank, {
             "plugin_version": __version__, "stage": "starting", "gdn_path": "vllm",
             "settings": s.to_dict(), "active": {}})
         # Count every compile in this process from now on; vLLM's monitor will chain to us later.
@@ -146,7 +155,12 @@ class TuringboxWorker(Worker):
             return super().compile_or_warm_up_model(*args, **kwargs)
         assert self.tb_status is not None
         self.tb_status.update(stage="compiling")
-        with deferred_jit_monitor() as monitor_calls:
+        from turingbox_plugin.specializations import LaunchRecorder
+
+        # Every Triton launch of vLLM's own warmup and of the strict warmup is recorded, so that the
+        # sweep after the waves can compile the other int classes of the arguments that follow the batch.
+        self.tb_launches = LaunchRecorder()
+        with deferred_jit_monitor() as monitor_calls, self.tb_launches.recording():
             result = super().compile_or_warm_up_model(*args, **kwargs)
         summary = self._plan_summary()
         log.info("turingbox plugin %s active in worker rank %d (pid %d)", __version__, self.rank, os.getpid())
@@ -203,8 +217,17 @@ class TuringboxWorker(Worker):
         waves = plan_waves(summary["max_num_seqs"], summary["num_speculative_tokens"], summary["max_model_len"],
                            summary["max_num_batched_tokens"], tuple(summary["cudagraph_capture_sizes"]))
         log.info("turingbox strict warmup: %s", summarize(waves))
-        report = driver.run_waves(self, waves)
-        report.extend(self._structured_output_warmup(summary))
+        with self.tb_launches.recording():
+            report = driver.run_waves(self, waves)
+            report.extend(self._structured_output_warmup(summary))
+        sweep = self.tb_launches.sweep()
+        self.tb_launches = None        # drop the stand-ins
+        log.info("turingbox strict warmup: specialization sweep: %d kernels with batch-dependent ints, %d variants, "
+                 "%d new compiles in %.1f s%s", sweep.kernels, sweep.variants, sweep.compiled, sweep.seconds,
+                 f"; {len(sweep.failed)} failed: {'; '.join(sweep.failed[:3])}" if sweep.failed else "")
+        for name, argnames in sorted(sweep.arguments.items()):
+            log.debug("turingbox sweep: %s: %s", name, ", ".join(argnames))
+        report.append(sweep.to_dict())
         return report
 
     def _structured_output_warmup(self, summary: dict[str, Any]) -> list[dict]:
