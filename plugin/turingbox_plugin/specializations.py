@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -220,31 +221,54 @@ class LaunchRecorder:
             rec.add(args, dict(kwargs))
 
     def sweep(self) -> SweepReport:
-        """Compile every class combination of each kernel's batch-dependent ints (compile only)."""
+        """Compile every class combination of each kernel's batch-dependent ints (compile only).
+
+        Compiles run on a thread pool through Triton's AsyncCompileMode where it exists (ptxas and
+        most of MLIR run outside the GIL): a cold start pays the new variants in parallel.
+        """
         report = SweepReport()
         start = time.monotonic()
-        self._local.sweeping = True
-        try:
-            for rec in list(self.kernels.values()):
-                positions = rec.batch_dependent()
-                if not positions:
-                    continue
+        todo = []
+        for rec in list(self.kernels.values()):
+            positions = rec.batch_dependent()
+            if positions:
                 report.kernels += 1
                 report.arguments[rec.name] = [rec.param_name(p) for p in positions]
-                for args, kwargs, combo in variants(rec, positions):
-                    report.variants += 1
-                    before = len(_kernel_cache(rec.fn))
-                    try:
-                        rec.fn.run(*args, grid=None, warmup=True, **kwargs)
-                    except Exception as exc:   # a combination the kernel cannot compile: reported, not fatal
-                        first = str(exc).splitlines()[0][:160] if str(exc) else ""
-                        report.failed.append(f"{rec.name}{combo}: {type(exc).__name__}: {first}")
-                        continue
-                    report.compiled += len(_kernel_cache(rec.fn)) - before
+                todo.append((rec, positions))
+        before = {id(rec.fn): len(_kernel_cache(rec.fn)) for rec, _ in todo}
+        self._local.sweeping = True
+        try:
+            with _compile_pool():
+                for rec, positions in todo:
+                    for args, kwargs, combo in variants(rec, positions):
+                        report.variants += 1
+                        try:
+                            rec.fn.run(*args, grid=None, warmup=True, **kwargs)
+                        except Exception as exc:   # a combination the kernel cannot compile: reported, not fatal
+                            first = str(exc).splitlines()[0][:160] if str(exc) else ""
+                            report.failed.append(f"{rec.name}{combo}: {type(exc).__name__}: {first}")
         finally:
             self._local.sweeping = False
-            report.seconds = time.monotonic() - start
+        report.compiled = sum(len(_kernel_cache(rec.fn)) - before[id(rec.fn)] for rec, _ in todo)
+        report.seconds = time.monotonic() - start
         return report
+
+
+@contextlib.contextmanager
+def _compile_pool() -> Iterator[None]:
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from triton.runtime._async_compile import AsyncCompileMode, active_mode
+    except ImportError:
+        yield
+        return
+    if active_mode.get() is not None:
+        yield
+        return
+    with ThreadPoolExecutor(max_workers=max(1, min(8, (os.cpu_count() or 2) - 1))) as pool:
+        with AsyncCompileMode(pool, ignore_errors=True):
+            yield
 
 
 def variants(rec: KernelRecord, positions: list[Any]) -> Iterator[tuple[list, dict, dict]]:
