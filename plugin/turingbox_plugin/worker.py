@@ -220,8 +220,14 @@ class TuringboxWorker(Worker):
         with self.tb_launches.recording():
             report = driver.run_waves(self, waves)
             report.extend(self._structured_output_warmup(summary))
-        sweep = self.tb_launches.sweep()
-        self.tb_launches = None        # drop the stand-ins
+        try:
+            sweep = self.tb_launches.sweep()
+        except Exception as exc:       # the sweep widens coverage; it must never cost the start
+            log.exception("turingbox strict warmup: specialization sweep failed")
+            report.append({"wave": "specialization-sweep", "error": f"{type(exc).__name__}: {exc}"})
+            return report
+        finally:
+            self.tb_launches = None    # drop the stand-ins
         log.info("turingbox strict warmup: specialization sweep: %d kernels with batch-dependent ints, %d variants, "
                  "%d new compiles in %.1f s%s", sweep.kernels, sweep.variants, sweep.compiled, sweep.seconds,
                  f"; {len(sweep.failed)} failed: {'; '.join(sweep.failed[:3])}" if sweep.failed else "")

@@ -263,7 +263,11 @@ class Handler(BaseHTTPRequestHandler):
             return
         rid = next(_request_ids)
         chat = path.endswith("chat/completions")
-        n = int(body.get("max_tokens") or body.get("max_completion_tokens") or O["chunks"])
+        try:
+            n = int(body.get("max_tokens") or body.get("max_completion_tokens") or O["chunks"])
+        except (TypeError, ValueError):
+            self._error_then_close(400, "max_tokens: Input should be a valid integer", "BadRequestError")
+            return
         stream = bool(body.get("stream"))
         event("request", id=rid, path=path, query=query, stream=stream, chunks=n, bytes=len(raw),
               authorization=self.headers.get("Authorization"), request_headers=dict(self.headers.items()))

@@ -4,13 +4,14 @@
 # Phases: smoke, gdn, cold, seeded, warm, gdnbench, aot, tp2 (TP=1 pairs with plain vLLM on two GPUs), and the
 # TP=2 series on both GPUs: tp2cold (+ real clients, interleaved proxy latency), tp2seeded, tp2warm, tp2baked;
 # tp4cold, tp4seeded, tp4mtp3 (four GPUs, issue 7); seedonly (warmup --seed-only, then clients starts from a copy); greedy (turbo vs vLLM GDN tokens end to end), clients (4-layer demo: openai client, JIT check, proxy latency,
-# benches), turbo / turbo-ref (the same demo with TURINGBOX_GDN=turbo / vllm, cold, benches).
+# benches), turbo / turbo-ref (the same demo with TURINGBOX_GDN=turbo / vllm, cold, benches); soakseed, soak64, soakawq
+# (issue 15's traffic soak: tests/gpu/soak.py; SOAK_S, SOAK_MIN_REQ, SOAK_MAX_S, SOAK_SEED, SOAK_PEER below).
 # Two lanes at once (one GPU each): LANE=a bash session.sh ... & LANE=b bash session.sh ... ; each lane touches
 # /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both); LANE_GPU picks the lane's GPU.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
 set -u
 mkdir -p /tmp/session
 # Markers left by an earlier session on this (still warm) machine would end poll.sh's wait at once.
-for phase in "$@"; do rm -f "/tmp/session/$phase.done"; done
+for phase in "$@"; do rm -f "/tmp/session/$phase.done" "/tmp/session/$phase.serving" "/tmp/session/$phase.plain-serving"; done
 rm -f "/tmp/session/${LANE:-all}.done" /tmp/session/all.done
 # The lane's marker is written however this script ends (a failed bootstrap included), so poll.sh never
 # waits out its whole limit for a lane that is gone.
@@ -22,6 +23,13 @@ ngpu=$(nvidia-smi -L | wc -l)
 pair=$([ "$ngpu" -ge 2 ] && echo 0,1 || echo 0,0)
 other=$([ "$ngpu" -ge 2 ] && echo 1 || echo 0)
 one=${LANE_GPU:-$other}     # the GPU of the one-GPU phases (gdn, gdnbench, tools, greedy, clients) in this lane
+# Traffic soak (issue 15; soakseed, soak64, soakawq): tests/gpu/soak.py's knobs, read by the --after hooks too.
+# SOAK_PEER names the phase of the other lane sharing this GPU (soak_gate.sh: starts and stops take turns).
+export SOAK_S=${SOAK_S:-600} SOAK_MIN_REQ=${SOAK_MIN_REQ:-2000} SOAK_MAX_S=${SOAK_MAX_S:-1500} SOAK_SEED=${SOAK_SEED:-15} \
+  SOAK_GATE_S=${SOAK_GATE_S:-900} SOAK_PEER=${SOAK_PEER:-}
+soak_args='--seed $SOAK_SEED --duration $SOAK_S --min-requests $SOAK_MIN_REQ --max-duration $SOAK_MAX_S --out $OUT'
+soak_gate() { [ -z "$SOAK_PEER" ] || echo "bash tests/gpu/soak_gate.sh $SOAK_PEER $1 $SOAK_GATE_S >> \$OUT/soak-gates.txt 2>&1"; }
+soak_limit=$(( SOAK_MAX_S + 2 * SOAK_GATE_S + 2400 ))
 for phase in "$@"; do
   echo "=== $phase start $(date +%T)"
   t0=$(date +%s)
@@ -115,6 +123,37 @@ for phase in "$@"; do
     greedy-compare)
               python3 tests/gpu/gdn_e2e_greedy.py compare $R/greedy-vllm.json $R/greedy-turbo.json \
                 --json $R/greedy-compare.json > $R/greedy-compare.txt 2>&1 ;;
+    soakseed) # issue 15: the 64-layer demo's entry at the soak's memory share, filled cold by `warmup --seed-only`
+              [ -d /tmp/demo ] || python3 -m turingbox demo-model /tmp/demo
+              rm -rf /tmp/tbsoak
+              CUDA_VISIBLE_DEVICES=$one TURINGBOX_GPU_MEMORY_UTILIZATION=0.55 timeout 900 python3 -m turingbox warmup \
+                --seed-only --model /tmp/demo --cache-dir /tmp/tbsoak > $R/warmup-soakseed.log 2>&1
+              echo "warmup --seed-only exit $?" >> $R/warmup-soakseed.log
+              python3 -m turingbox cache show --cache-dir /tmp/tbsoak >> $R/warmup-soakseed.log 2>&1 ;;
+    soak64)   # issue 15: turingbox from a fresh copy of soakseed's entry: first request vs next ten (side_by_side),
+              # the traffic soak, then plain `vllm serve` with the plan's argv (minus worker/plugin), on a copy of
+              # the same entry's caches, and the soak's 4xx + 200 others replayed against it
+              rm -rf /tmp/tbsoak-seeded /tmp/tbsoak-plain; cp -a /tmp/tbsoak /tmp/tbsoak-seeded
+              key=$(ls /tmp/tbsoak/entries 2>/dev/null | head -1)
+              if [ -n "$key" ]; then cp -a /tmp/tbsoak/entries/$key /tmp/tbsoak-plain; else mkdir -p /tmp/tbsoak-plain; fi
+              timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo --phase soak64 --gpus $one,$one \
+                --cache /tmp/tbsoak-seeded --plain-cache /tmp/tbsoak-plain --out $R --no-decode --ready-limit 900 \
+                --env TURINGBOX_GPU_MEMORY_UTILIZATION=0.55 --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
+                --tb-after="touch /tmp/session/soak64.serving; python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; $(soak_gate serving)" \
+                --after='touch /tmp/session/soak64.plain-serving; python3 tests/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:$PLAIN_PORT --out $OUT > $OUT/replay-soak64.txt 2>&1'
+              touch /tmp/session/soak64.plain-serving
+              python3 tests/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
+                > $R/verdict-soak64.txt 2>&1 ;;
+    soakawq)  # issue 15: the AWQ demo, cold, at 0.33 of the GPU on other ports: first request check, the same soak
+              [ -d /tmp/demo-awq ] || python3 -m turingbox demo-model /tmp/demo-awq --awq
+              [ -z "$SOAK_PEER" ] || bash tests/gpu/soak_gate.sh $SOAK_PEER serving $SOAK_GATE_S >> $R/soak-gates.txt 2>&1
+              rm -rf /tmp/tbsoak-awq
+              timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo-awq --phase soakawq --gpus $one,$one \
+                --skip-plain --cache /tmp/tbsoak-awq --out $R --no-decode --ready-limit 900 --port-offset 30 \
+                --env TURINGBOX_GPU_MEMORY_UTILIZATION=0.33 --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
+                --after="touch /tmp/session/soakawq.serving; python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soakawq > \$OUT/soak-soakawq.txt 2>&1; $(soak_gate plain-serving)"
+              touch /tmp/session/soakawq.serving
+              python3 tests/gpu/soak.py --verdict --tag soakawq --out $R --log turingbox-soakawq.log > $R/verdict-soakawq.txt 2>&1 ;;
     *)        echo "unknown phase $phase" ;;
   esac
   echo "=== $phase done rc=$? in $(( $(date +%s) - t0 )) s"

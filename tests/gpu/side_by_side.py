@@ -140,6 +140,20 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def run_hook(cmd: str, port_tb: int, port_up: int, port_plain: int, served: str, args) -> dict:
+    """A shell command in its own process group (killed whole on timeout), with the servers' ports set."""
+    env = dict(os.environ, PROXY_PORT=str(port_tb), DIRECT_PORT=str(port_up), PLAIN_PORT=str(port_plain),
+               MODEL=served, OUT=args.out, TOKENIZER=args.model)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(["bash", "-c", cmd], env=env, start_new_session=True)
+    try:
+        rc = proc.wait(timeout=args.after_timeout)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        rc = 124
+    return {"cmd": cmd, "rc": rc, "s": time.perf_counter() - t0}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -156,6 +170,12 @@ def main() -> int:
                     help="extra environment for turingbox serve (repeatable)")
     ap.add_argument("--after", default="",
                     help="shell command run while the servers are still up (PROXY_PORT, DIRECT_PORT, PLAIN_PORT, MODEL set)")
+    ap.add_argument("--tb-after", default="",
+                    help="shell command run while turingbox serves, before plain vLLM starts (with one GPU plain "
+                         "starts only after turingbox stops); same variables as --after")
+    ap.add_argument("--after-timeout", type=float, default=900, help="seconds --after / --tb-after may run")
+    ap.add_argument("--plain-cache", default="",
+                    help="plain vLLM's cache root (vllm/, triton/, inductor/ under it; default CACHE-plain)")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode tok/s measurement (start-time phases)")
     ap.add_argument("--port-offset", type=int, default=0,
                     help="added to the ports 8000/8100/8200, so that two lanes can serve at once")
@@ -188,11 +208,12 @@ def main() -> int:
             skip = True
             continue
         plain_args.append(a)
+    plain_cache = args.plain_cache or args.cache + "-plain"
     env_plain = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu_plain, VLLM_PLUGINS="", PYTHONUNBUFFERED="1",
-                     VLLM_CACHE_ROOT=os.path.join(args.cache + "-plain", "vllm"),
-                     TRITON_CACHE_DIR=os.path.join(args.cache + "-plain", "triton"),
-                     TORCHINDUCTOR_CACHE_DIR=os.path.join(args.cache + "-plain", "inductor"),
-                     FLASHINFER_WORKSPACE_BASE=os.path.join(args.cache + "-plain", "flashinfer"))
+                     VLLM_CACHE_ROOT=os.path.join(plain_cache, "vllm"),
+                     TRITON_CACHE_DIR=os.path.join(plain_cache, "triton"),
+                     TORCHINDUCTOR_CACHE_DIR=os.path.join(plain_cache, "inductor"),
+                     FLASHINFER_WORKSPACE_BASE=os.path.join(plain_cache, "flashinfer"))
     for k, v in plan.get("env", {}).items():
         if v is not None and k != "CUDA_VISIBLE_DEVICES" and not k.startswith("TURINGBOX_"):
             env_plain.setdefault(k, v)
@@ -257,6 +278,12 @@ def main() -> int:
         res["turingbox"]["startup_stage_seconds"] = stages if isinstance(stages, str) else {
             m.group(1): float(m.group(2)) for m in re.finditer(
                 r'^turingbox_startup_stage_seconds\{stage="(\w+)"\} (\S+)$', "\n".join(stages), re.M)}
+        if args.tb_after and tb_ready:
+            res["tb_after"] = run_hook(args.tb_after, port_tb, port_up, port_plain, served, args)
+            res["tb_after"]["jit_after_ready"] = metric_lines(port_tb, "turingbox_jit_after_ready")
+            log(f"tb-after command rc={res['tb_after']['rc']}")
+        elif args.tb_after:
+            res["tb_after"] = {"cmd": args.tb_after, "skipped": "turingbox never became ready"}
         if plain is None and not args.skip_plain:
             stop(tb)
             launched["plain"] = time.perf_counter()
@@ -273,7 +300,7 @@ def main() -> int:
             # Own process group, killed whole on timeout: its clients must not outlive the servers.
             after = subprocess.Popen(["bash", "-c", args.after], env=after_env, start_new_session=True)
             try:
-                rc = after.wait(timeout=900)
+                rc = after.wait(timeout=args.after_timeout)
             except subprocess.TimeoutExpired:
                 stop(after)
                 rc = 124

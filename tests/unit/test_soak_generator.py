@@ -1,0 +1,139 @@
+"""The traffic soak (tests/gpu/soak.py, issue 15) on the CPU: its generator is deterministic for a seed and
+covers the parameter families, and a short soak through the real sidecar in front of the fake vLLM writes
+the JSONL, summary and PNG; its replay mode compares statuses against another server."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GPU = os.path.join(REPO, "tests", "gpu")
+sys.path.insert(0, GPU)
+sys.path.insert(0, os.path.join(REPO, "tests", "sidecar"))
+import soak_gen as G  # noqa: E402
+import sidecar_harness as H  # noqa: E402
+
+MML = 262144
+
+
+def draw(seed: int, n: int, mml: int = MML, mtp: bool = True) -> list[G.Req]:
+    gen = G.SoakGen(seed, "demo", mml, mtp=mtp)
+    reqs: list[G.Req] = []
+    while len(reqs) < n:
+        reqs += gen.group().reqs
+    return reqs
+
+
+def test_generation_is_deterministic_and_wire_bodies_are_json():
+    a, b = draw(7, 600), draw(7, 600)
+    assert [(r.endpoint, r.body, r.expect, r.families) for r in a] == [(r.endpoint, r.body, r.expect, r.families)
+                                                                      for r in b]
+    assert [r.body for r in draw(8, 50)] != [r.body for r in a[:50]]
+    for r in a:
+        wire = G.body_for_wire(r, 7)
+        if r.raw is not None:                       # the one deliberately broken body
+            with pytest.raises(ValueError):
+                json.loads(wire)
+            continue
+        body = json.loads(wire)
+        assert "$text" not in wire.decode()         # every recipe expanded
+        assert json.loads(json.dumps(r.body)) == r.body   # the stored (recipe) form is JSON too
+        assert body["model"] in ("demo", "no-such-model")
+
+
+def test_prompt_lengths_respect_max_model_len_as_intended():
+    words_per_tok = 1.0
+    for r in draw(3, 3000):
+        if r.expect == "fail:over_max_model_len":
+            assert r.intended_prompt_tokens > MML
+        elif r.expect in ("ok", "boundary"):
+            assert r.intended_prompt_tokens + r.max_tokens <= MML, (r.id, r.intended_prompt_tokens, r.max_tokens)
+            assert 1 <= r.max_tokens <= 2048
+        body = G.expand(r.body, 3)
+        if "prompt" in body and isinstance(body["prompt"], str):
+            words = len(body["prompt"].split())
+            assert abs(words * words_per_tok - r.intended_prompt_tokens) <= 1 or r.expect != "ok" \
+                or r.intended_prompt_tokens > MML
+
+
+def test_one_seed_covers_every_family_and_must_fail_kind():
+    reqs = draw(15, 3000)
+    fams = {f for r in reqs for f in r.families}
+    assert set(G.FAMILIES) <= fams, set(G.FAMILIES) - fams
+    assert {f"fail:{k}" for k in G.FAIL_KINDS} <= fams, {f"fail:{k}" for k in G.FAIL_KINDS} - fams
+    classes = {r.prompt_class for r in reqs}
+    assert {"tiny", "short", "medium", "long", "near_max", "over_max"} <= classes
+    # skewed short: most prompts and most outputs small, a few near max_model_len
+    assert sum(r.intended_prompt_tokens <= 4096 for r in reqs) > 0.8 * len(reqs)
+    assert sum(r.max_tokens <= 32 for r in reqs) > 0.6 * len(reqs)
+    assert 5 <= sum(r.prompt_class == "near_max" for r in reqs) <= 100
+    # without MTP nothing is expected to fail for min_p / logit_bias
+    assert not any(f.endswith("_mtp") for r in draw(15, 500, mtp=False) for f in r.families)
+
+
+def test_message_class_and_metrics_parsing():
+    import soak
+    assert soak.message_class("prompt (length 300000) is longer than 262144 'x'") == \
+        "prompt (length N) is longer than N '…'"
+    total, by = soak.parse_jit('# HELP x\nturingbox_jit_after_ready_total 2.0\n'
+                               'turingbox_jit_after_ready_by_kernel_total{kernel="_causal_conv1d_fwd_kernel",rank="0"} 2.0\n')
+    assert total == 2.0 and by == {"0:_causal_conv1d_fwd_kernel": 2.0}
+
+
+def test_short_soak_through_the_sidecar_then_replay(tmp_path):
+    serve = H.Serve(str(tmp_path / "serve"), env={"TURINGBOX_MAX_MODEL_LEN": "8192", "FAKE_VLLM_MAX_MODEL_LEN": "8192"})
+    fake = None
+    try:
+        serve.wait_ready(60)
+        out = tmp_path / "out"
+        cmd = [sys.executable, os.path.join(GPU, "soak.py"), "--url", serve.url, "--seed", "5", "--duration", "6",
+               "--min-requests", "150", "--max-duration", "40", "--out", str(out), "--tag", "cpu"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        summary = json.loads((out / "soak-cpu.json").read_text())
+        recs = [json.loads(l) for l in (out / "soak-cpu.jsonl").read_text().splitlines()]
+        assert summary["requests"] == len(recs) >= 150
+        assert summary["server"]["source"] == "/turingbox/plan" and summary["server"]["max_model_len"] == 8192
+        assert summary["jit_after_ready"]["start"] == 0 and summary["jit_after_ready"]["delta"] == 0
+        assert summary["by_status"].get("200", 0) > 50
+        # the fake refuses min_p / logit_bias like vLLM with MTP, and prompts over its max_model_len
+        assert any("speculative decoding" in k for k in summary["4xx_by_message"])
+        assert all(r["body"] is not None or r.get("raw") for r in recs)
+        assert {"ttft_s_by_prompt_bucket", "seed", "argv", "duration_s", "n_5xx", "ok"} <= set(summary)
+        try:
+            import matplotlib  # noqa: F401
+            assert (out / "soak-cpu.png").stat().st_size > 10_000
+        except ImportError:
+            assert summary["png"].startswith("skipped")
+
+        # replay against the fake directly (as plain `vllm serve` with the same argv would be)
+        port = H.free_port()
+        fake = subprocess.Popen([sys.executable, H.FAKE_VLLM, "serve", serve.model, "--port", str(port),
+                                 "--speculative-config", "{}", "--fake-max-model-len", "8192"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        H.wait_until(lambda: _up(port), 20, what="fake vLLM")
+        p = subprocess.run([sys.executable, os.path.join(GPU, "soak.py"), "--replay", str(out / "soak-cpu.jsonl"),
+                            "--url", f"http://127.0.0.1:{port}", "--out", str(out), "--sample", "30"],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        cmp_ = json.loads((out / "replay-cpu.json").read_text())
+        n4 = sum(1 for r in recs if 400 <= (r.get("status") or 0) < 500)
+        assert cmp_["n_4xx"] == n4 > 0 and cmp_["n_sample"] == 30
+        assert cmp_["all_4xx_same_status"], cmp_["mismatches_4xx"][:5]
+    finally:
+        if fake is not None:
+            fake.kill()
+            fake.wait(5)
+        serve.close()
+
+
+def _up(port: int) -> bool:
+    import httpx
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
