@@ -53,7 +53,8 @@ class Serve:
     """One `python -m turingbox serve` process with its own port, log, fake-vLLM events and control dir."""
 
     def __init__(self, tmp: str, gpus_json: str = H200, env: dict | None = None, args: list[str] | None = None,
-                 passthrough: list[str] | None = None, plan_file: str | None = None) -> None:
+                 passthrough: list[str] | None = None, plan_file: str | None = None,
+                 split_stderr: bool = False) -> None:
         self.tmp = tmp
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -61,6 +62,8 @@ class Serve:
         self.control = os.path.join(tmp, "control")
         os.makedirs(self.control, exist_ok=True)
         self.log_path = os.path.join(tmp, "serve.log")
+        # split_stderr: stdout goes to its own file, so output() is stderr alone (else both, interleaved)
+        self.stdout_path = os.path.join(tmp, "serve.stdout") if split_stderr else None
         # serve's own temporaries (private/cold cache copies, a mkdtemp runtime dir) land here, not in /tmp
         self.tmpdir = os.path.join(tmp, "tmpdir")
         os.makedirs(self.tmpdir, exist_ok=True)
@@ -92,8 +95,13 @@ class Serve:
         if passthrough:
             cmd += ["--", *passthrough]
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, env=full_env, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        stdout = open(self.stdout_path, "wb") if self.stdout_path else self.log
+        try:
+            self.proc = subprocess.Popen(cmd, env=full_env, cwd=REPO, stdout=stdout, stderr=self.log,
+                                         start_new_session=True)
+        finally:
+            if stdout is not self.log:
+                stdout.close()
         self.client = httpx.Client(base_url=self.url, timeout=10.0, trust_env=False)
 
     # -- observing
@@ -128,6 +136,11 @@ class Serve:
     def output(self) -> str:
         self.log.flush()
         with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def stdout(self) -> str:
+        """What serve wrote to stdout (split_stderr only)."""
+        with open(self.stdout_path, "rb") as f:
             return f.read().decode("utf-8", "replace")
 
     def metrics(self) -> str:

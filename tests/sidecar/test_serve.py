@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from sidecar_harness import H200, NO_GPUS, Serve, make_model_dir, pid_alive, sse_events, wait_until
+from sidecar_harness import FAKE_VLLM, H200, NO_GPUS, Serve, make_model_dir, pid_alive, sse_events, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -193,12 +193,17 @@ def test_no_secret_in_plan_or_logs(server):
         assert secret not in out                 # ...masked
     plan_lines = [line for line in out.splitlines() if "turingbox.serve: plan {" in line]
     assert len(plan_lines) == 1 and json.loads(plan_lines[0].split("plan ", 1)[1])["vllm_args"]
+    assert plan.json()["api_key"] == "on"
+    assert [line.split(": ", 1)[1] for line in out.splitlines() if "turingbox.serve: API key:" in line] == \
+        ["API key: on (/v1/* and /turingbox/plan need 'Authorization: Bearer <key>')"]
 
 
 def test_metrics(server):
     server.client.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1}, headers=AUTH)
-    text = server.metrics()
-    assert 'turingbox_proxy_requests_total{code="200",route="completions"}' in text
+    # The sidecar counts a request when its handler finishes, which may be just after the client has the body.
+    text = wait_until(lambda: (lambda t: 'turingbox_proxy_requests_total{code="200",route="completions"}' in t
+                                         and "turingbox_proxy_in_flight_requests 0.0" in t and t)(server.metrics()),
+                      5, what="the completion counted in /metrics")
     assert 'turingbox_proxy_request_duration_seconds_count{route="completions"}' in text
     assert 'turingbox_proxy_time_to_first_byte_seconds_count{route="completions"}' in text
     assert 'turingbox_proxy_rejected_total{reason="unauthorized"}' in text or "unauthorized" not in text
@@ -334,51 +339,93 @@ def test_vllm_failing_during_startup(serve_factory):
     assert "fake failure while compiling" in out.split("log lines:")[-1]
 
 
-def test_no_gpu_keeps_sidecar_up_not_ready(serve_factory):
-    s = serve_factory(gpus_json=NO_GPUS)
-    body = wait_until(lambda: (lambda r: r.status_code == 503 and r.json()["stage"] == "failed" and r.json())(
-        s.get("/health/ready")) if s.alive() else False, 20, what="the planning failure")
-    assert "GPU" in body["reason"] and body["reason"].count(". ") == 0       # one sentence
-    assert s.get("/health/live").status_code == 200
+def assert_unplannable_start_exits_2(s: Serve, sentence: str) -> None:
+    """Liveness turns 503 with the sentence, serve exits 2 with it as one stderr line: no traceback, vLLM never
+    started, nothing left on disk."""
+    def live_503():
+        if s.proc.poll() is not None:
+            raise AssertionError(f"serve exited ({s.proc.returncode}) before liveness was seen 503:\n{s.output()}")
+        try:
+            r = s.get("/health/live", timeout=1.0)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 503 and r
+    live = wait_until(live_503, 20, 0.02, what="liveness 503")
+    assert live.json()["status"] == "dead" and sentence in live.json()["reason"]
+    ready = s.get("/health/ready")
+    assert ready.status_code == 503 and ready.json()["stage"] == "failed" and sentence in ready.json()["reason"]
     assert s.get("/turingbox/plan").status_code == 503
-    assert s.client.post("/v1/chat/completions", json={}).status_code == 503
-    assert not s.events("started")                                          # vLLM never started
-    assert body["reason"] in s.output()
-    s.signal(signal.SIGTERM)
-    assert s.wait_exit() == 0
+    assert s.wait_exit() == 2
+    err = s.output()
+    lines = [line for line in err.splitlines() if line.startswith("turingbox: ")]
+    assert len(lines) == 1 and sentence in lines[0] and lines[0].endswith("."), err
+    assert err.count(sentence) == 1, err                # said once, not also in a log line
+    assert "Traceback" not in err and s.stdout() == ""
+    assert not s.events("started")                     # vLLM never started
+    assert s.temporaries() == [] and not os.path.exists(os.path.join(s.tmp, "runtime"))
 
 
-def test_plugin_required_but_missing_fails_startup(serve_factory):
-    s = serve_factory(args=["--require-plugin", "1"], env={"FAKE_VLLM_PLUGIN": "missing"})
-    assert s.wait_exit() == 1
-    out = s.output()
-    assert "did not report from rank(s) 0 of 1 while require_plugin is on" in out
-    assert not pid_alive(s.events("started")[0]["pid"])
+def test_no_gpu_exits_2_with_the_sentence_after_liveness_503(serve_factory):
+    s = serve_factory(gpus_json=NO_GPUS, split_stderr=True, env={"TURINGBOX_EXIT_LINGER_SECONDS": "3"})
+    assert_unplannable_start_exits_2(s, "no GPU is visible; turingbox needs at least one NVIDIA GPU.")
 
 
-def test_failing_active_warmup_fails_startup(serve_factory):
-    s = serve_factory(env={"TURINGBOX_ACTIVE_WARMUP": "1", "FAKE_VLLM_FAIL_REQUESTS": "1"})
-    assert s.wait_exit() == 1
-    out = s.output()
-    line = [l for l in out.splitlines() if l.startswith("turingbox: Active warmup")]
-    assert line and line[0].endswith("."), out[-2000:]
-    assert s.events("request") and not pid_alive(s.events("started")[0]["pid"])
+def test_model_that_does_not_fit_exits_2_with_the_sentence(serve_factory, tmp_path):
+    with open(H200) as f:
+        gpus = json.load(f)
+    gpus[0].update(name="Tesla T4", compute_capability="7.5", memory_total_mib=15360, memory_free_mib=15000)
+    small = tmp_path / "t4.json"
+    small.write_text(json.dumps(gpus))
+    s = serve_factory(gpus_json=str(small), split_stderr=True, env={"TURINGBOX_EXIT_LINGER_SECONDS": "3"})
+    assert_unplannable_start_exits_2(s, "the model does not fit on 1x Tesla T4 (15.0 GiB each)")
+    assert "GiB per GPU" in s.output()
 
 
-def test_serves_a_saved_plan_file(serve_factory, tmp_path):
-    model = make_model_dir(str(tmp_path))
-    made = subprocess.run([sys.executable, "-m", "turingbox", "plan", "--gpus-json", H200, "--model", model, "--json"],
-                          capture_output=True, text=True, check=True, env={**os.environ, "TURINGBOX_RUNTIME_DIR":
-                                                                           str(tmp_path / "runtime")})
-    plan = json.loads(made.stdout)
-    path = tmp_path / "plan.json"
-    path.write_text(made.stdout)
-    s = serve_factory(plan_file=str(path))
+API_KEY_OFF_LINE = "API key: off ({why}): /v1 is open to anyone who reaches 127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("value, why", [("", "TURINGBOX_API_KEY is set but empty"),
+                                        (None, "TURINGBOX_API_KEY is not set")])
+def test_api_key_off_is_a_logged_warning_and_shown_in_the_plan(serve_factory, value, why):
+    """Compose passes TURINGBOX_API_KEY through empty from a host where it is unset: that is off, said so."""
+    s = serve_factory(env={"TURINGBOX_API_KEY": value})
     s.wait_ready()
-    served = s.get("/turingbox/plan").json()
-    assert served["vllm_args"] == plan["vllm_args"] and served["cache_key"] == plan["cache_key"]
+    lines = [line for line in s.output().splitlines() if "turingbox.serve: API key:" in line]
+    assert len(lines) == 1 and " WARNING " in lines[0], lines
+    assert lines[0].split("turingbox.serve: ", 1)[1] == API_KEY_OFF_LINE.format(why=why, port=s.port)
+    plan = s.get("/turingbox/plan")
+    assert plan.status_code == 200 and plan.json()["api_key"] == "off"
+    ok = s.client.post("/v1/chat/completions", json={"model": "m", "messages": [], "max_tokens": 1})
+    assert ok.status_code == 200
+
+
+def test_vllm_gets_resolved_values_not_the_raw_turingbox_variables(serve_factory, tmp_path):
+    """TURINGBOX_GDN=auto (the documented default) reached the workers raw and the plugin refused it. vLLM's
+    environment holds no TURINGBOX_* variable but those the plan sets; the plugin's settings, resolved from the
+    child's real environment and argv, are the plan's."""
+    from turingbox_plugin.activation import argv_additional_config, resolve_settings
+    dump = tmp_path / "vllm-env.json"
+    wrapper = tmp_path / "dump_env_then_fake_vllm.py"
+    wrapper.write_text("import json, os, sys\n"
+                       "with open(sys.argv[1], 'w') as f:\n    json.dump(dict(os.environ), f)\n"
+                       f"os.execv(sys.executable, [sys.executable, {FAKE_VLLM!r}, *sys.argv[2:]])\n")
+    s = serve_factory(env={"TURINGBOX_GDN": "auto", "TURINGBOX_STRICT_WARMUP": "0", "TURINGBOX_PLUGIN": "1",
+                           "TURINGBOX_VLLM_COMMAND": f"{sys.executable} {wrapper} {dump}",
+                           "SOME_OTHER_SETTING": "kept"})
+    s.wait_ready()
+    child = json.loads(dump.read_text())
+    plan = s.get("/turingbox/plan").json()
+    own = {k: v for k, v in child.items() if k.startswith("TURINGBOX_")}
+    assert own == {k: v for k, v in plan["env"].items() if k.startswith("TURINGBOX_")}, own
+    assert own["TURINGBOX_RUNTIME_DIR"] == os.path.join(s.tmp, "runtime") and own["TURINGBOX_BENCHMARK_MODE"] == "0"
+    assert child["SOME_OTHER_SETTING"] == "kept" and child["FAKE_VLLM_EVENTS"] == s.events_path
+    assert child["CUDA_VISIBLE_DEVICES"] == plan["env"]["CUDA_VISIBLE_DEVICES"] and "VLLM_PLUGINS" not in child
     argv = s.events("started")[0]["argv"]
-    assert argv[:len(plan["vllm_args"])] == plan["vllm_args"] and argv[-4:-2] == ["--host", "127.0.0.1"]
+    settings = resolve_settings(argv_additional_config(argv), env=child)      # raised "gdn = 'auto'" before
+    assert settings.gdn == plan["plugin"]["gdn"] == "vllm" and settings.strict_warmup is False
+    out = s.output()
+    assert "not passed to vLLM (resolved by turingbox; the plan carries the values): " in out
+    assert "TURINGBOX_GDN, " in out
 
 
 def test_bad_settings_exit_2_with_one_sentence(serve_factory):

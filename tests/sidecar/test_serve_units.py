@@ -9,7 +9,8 @@ import pytest
 from turingbox.errors import UsageError
 from turingbox.serve import stages
 from turingbox.serve.controller import (cache_is_warm, check_passthrough, flag_value, make_redactor, mask_argv,
-                                        public_plan, vllm_argv, worker_check)
+                                        public_plan, vllm_argv, vllm_env, worker_check)
+from turingbox.serve.options import api_key_state
 from turingbox.serve.metrics import route_label
 from turingbox.serve.supervisor import describe_exit
 
@@ -123,6 +124,25 @@ def test_vllm_argv_and_passthrough():
             check_passthrough(bad)
     check_passthrough(["--max-num-seqs", "4", "--portable"])
     assert flag_value(["--api-key", "a", "--api-key=b"], "--api-key") == "b"
+
+
+def test_vllm_env_drops_raw_turingbox_variables_and_takes_the_plans():
+    parent = {"PATH": "/bin", "HF_TOKEN": "hf", "VLLM_PLUGINS": "", "TURINGBOX_GDN": "auto",
+              "TURINGBOX_STRICT_WARMUP": "0", "TURINGBOX_RUNTIME_DIR": "/raw", "TURINGBOX_API_KEY": "k"}
+    plan_env = {"TURINGBOX_RUNTIME_DIR": "/resolved", "TURINGBOX_BENCHMARK_MODE": "0", "CUDA_VISIBLE_DEVICES": "1",
+                "VLLM_PLUGINS": None}
+    env = vllm_env(parent, plan_env, {"TRITON_CACHE_DIR": "/c/triton"})
+    assert env == {"PATH": "/bin", "HF_TOKEN": "hf", "TURINGBOX_RUNTIME_DIR": "/resolved",
+                   "TURINGBOX_BENCHMARK_MODE": "0", "CUDA_VISIBLE_DEVICES": "1", "TRITON_CACHE_DIR": "/c/triton"}
+    assert parent["TURINGBOX_GDN"] == "auto"                     # the parent's mapping is left alone
+    assert vllm_env({"TURINGBOX_X": "1", "A": "b"}, None) == {"A": "b"}
+
+
+def test_api_key_state():
+    on, line = api_key_state("sk-9f3Q", {"TURINGBOX_API_KEY": "sk-9f3Q"})
+    assert on is True and line.startswith("API key: on") and "sk-9f3Q" not in line
+    assert api_key_state(None, {"TURINGBOX_API_KEY": ""}) == (False, "API key: off (TURINGBOX_API_KEY is set but empty)")
+    assert api_key_state(None, {}) == (False, "API key: off (TURINGBOX_API_KEY is not set)")
 
 
 def test_redaction():

@@ -260,14 +260,11 @@ def _print_result(session: cache.CacheSession, plan: Mapping[str, Any]) -> None:
 
 
 def engine_env(plan: Mapping[str, Any], cache_env: Mapping[str, str], runtime_dir: str) -> dict[str, str]:
-    """The vLLM process environment, built as serve builds it: ours + plan env (None = unset) + caches."""
-    env = dict(os.environ)
-    for k, v in (plan.get("env") or {}).items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = str(v)
-    env.update(cache_env)
+    """The vLLM process environment, built as serve builds it: ours without TURINGBOX_* (the plan carries
+    the resolved values), + plan env (None = unset) + caches."""
+    from turingbox.serve.controller import vllm_env
+
+    env = vllm_env(os.environ, plan.get("env"), cache_env)
     env["TURINGBOX_RUNTIME_DIR"] = runtime_dir
     return env
 

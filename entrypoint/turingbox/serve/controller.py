@@ -3,7 +3,9 @@
 The sidecar binds the public port first, so liveness answers from the first second and
 readiness tells the stage. Everything slow or blocking (planning, cache preparation, active
 warmup) runs in daemon threads so the event loop keeps answering probes, and a SIGTERM can end
-serve at any stage without waiting for them.
+serve at any stage without waiting for them. A start that cannot succeed (no plan: no GPU, the model
+does not fit; vLLM not ready) prints one sentence, turns liveness 503 for exit_linger_seconds and
+exits (2 for a plan or setting that cannot work, 1 otherwise), so an orchestrator restarts or pages.
 
 Signals are handled like uvicorn's capture_signals, but with the drain in between: the first
 SIGTERM/SIGINT turns readiness to 503 and refuses new /v1 requests, lets in-flight requests
@@ -32,10 +34,10 @@ from typing import Any, Callable, Mapping
 import httpx
 import uvicorn
 
-from turingbox.errors import PlanError, UsageError
+from turingbox.errors import UsageError
 from turingbox.serve import stages
 from turingbox.serve.metrics import ServeMetrics, gpu_uuids_of
-from turingbox.serve.options import ServeOptions
+from turingbox.serve.options import ServeOptions, api_key_state
 from turingbox.serve.sidecar import ServeState, Sidecar, limited_protocol
 from turingbox.serve.supervisor import Supervisor, describe_exit
 
@@ -48,6 +50,10 @@ VLLM_MODULE = ("-m", "vllm.entrypoints.cli.main")
 SECRET_FLAGS = ("--api-key", "--hf-token", "--ssl-keyfile-password")
 _SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL|_KEY$", re.I)
 MASK = "***"
+# The appliance's own variables: turingbox resolves them (flag > env > default) and hands vLLM only the
+# results, in its argv (--additional-config) and the plan's env. Passed on raw, the plugin in the workers
+# would read them again with its own precedence (TURINGBOX_GDN=auto made every worker refuse to start).
+OWN_ENV_PREFIX = "TURINGBOX_"
 
 
 # ---- pure helpers ----------------------------------------------------------------------------
@@ -57,6 +63,20 @@ def vllm_argv(plan: dict, upstream_port: int, passthrough: list[str], vllm_comma
     """The full command line for vLLM: program, the plan's args, loopback host/port, then `--` args."""
     program = shlex.split(vllm_command) if vllm_command else [python, *VLLM_MODULE]
     return [*program, *plan["vllm_args"], "--host", "127.0.0.1", "--port", str(upstream_port), *passthrough]
+
+
+def vllm_env(parent: Mapping[str, str], plan_env: Mapping[str, Any] | None,
+             extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """vLLM's process environment: the parent's without any TURINGBOX_* variable, then the plan's env
+    (the resolved values; None unsets a variable, e.g. VLLM_PLUGINS), then extra (the cache paths)."""
+    env = {k: v for k, v in parent.items() if not k.startswith(OWN_ENV_PREFIX)}
+    for k, v in (plan_env or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = str(v)
+    env.update(extra or {})
+    return env
 
 
 def check_passthrough(passthrough: list[str]) -> None:
@@ -280,6 +300,7 @@ class Controller:
         self.passthrough = passthrough
         self.upstream_key = flag_value(passthrough, "--api-key")
         self.secrets = secret_values(options.api_key, passthrough, os.environ)
+        self.api_key_on, self.api_key_line = api_key_state(options.api_key, os.environ)
         self.redact = make_redactor(self.secrets)
         self.tracker = stages.StartupTracker(on_change=self._stage_changed)
         self.state = ServeState(tracker=self.tracker, options=options, upstream_api_key=self.upstream_key)
@@ -345,6 +366,10 @@ class Controller:
         server_task = asyncio.create_task(self.server.serve(sockets=[sock]), name="sidecar")
         host, port = sock.getsockname()[:2]
         log.info("sidecar listening on %s:%d (health, metrics, /v1 proxy)", host, port)
+        if self.api_key_on:
+            log.info("%s", self.api_key_line)
+        else:
+            log.warning("%s: /v1 is open to anyone who reaches %s:%d", self.api_key_line, host, port)
         startup = asyncio.create_task(self._startup(), name="startup")
         waits = {asyncio.create_task(e.wait()) for e in (self.stop_requested, self.upstream_died, self.fatal_event)}
         waits.add(server_task)
@@ -367,6 +392,8 @@ class Controller:
                 code, _ = self.fatal or (EXIT_UPSTREAM_FAILED, "")
                 await self._cancel(startup)
                 await self.supervisor.stop(self.options.vllm_stop_grace_seconds)
+                # Liveness has answered 503 since the failure: let probes see it before the port closes.
+                await asyncio.sleep(self.options.exit_linger_seconds)
         finally:
             self._finish_cache(False)
             self.server.should_exit = True
@@ -446,47 +473,41 @@ class Controller:
             self._fail_fatal(EXIT_UPSTREAM_FAILED, f"Startup failed unexpectedly: {type(exc).__name__}: {exc}.")
 
     def _fail_fatal(self, code: int, sentence: str) -> None:
+        """End serve with code after one line on stderr; liveness turns 503 at once (an orchestrator
+        restarts or pages), readiness and /v1 give the sentence as the reason."""
+        sentence = " ".join(sentence.split())          # one line, whatever the message held
         self.tracker.fail(sentence)
+        self.state.mark_upstream_dead(sentence)
         print(f"turingbox: {sentence}", file=sys.stderr, flush=True)
         self.fatal = (code, sentence)
         self.fatal_event.set()
 
     async def _startup_steps(self) -> None:
         opts = self.options
-        # 1. plan. An impossible plan (no GPU, does not fit) keeps the sidecar up and not ready.
-        try:
-            plan = await _in_daemon_thread(self.plan_fn)
-        except PlanError as exc:
-            self.tracker.fail(str(exc))
-            log.error("cannot plan: %s (the sidecar stays up, not ready; SIGTERM ends it)", exc)
-            return
-        except UsageError:
-            raise
-        except Exception as exc:
-            log.exception("planning failed")
-            self.tracker.fail(f"Planning failed: {type(exc).__name__}: {exc}.")
-            return
+        # 1. plan. An impossible plan (no GPU, does not fit: PlanError, a UsageError) ends serve with its
+        # sentence and exit 2 through _startup; a sidecar that can never be ready must not look alive.
+        plan = await _in_daemon_thread(self.plan_fn)
         self.raw_plan = plan
         plan_env = {k: str(v) for k, v in (plan.get("env") or {}).items() if v is not None}
         plan_args = [str(a) for a in plan.get("vllm_args", [])]
         self.secrets = sorted({*self.secrets, *secret_values(None, plan_args, plan_env)})
         self.redact = self.supervisor.redact = make_redactor(self.secrets)
-        self.state.plan = public_plan(plan, self.secrets)
+        # Whether /v1 needs a key, said where operators look (the key itself never is).
+        self.state.plan = {**public_plan(plan, self.secrets), "api_key": "on" if self.api_key_on else "off"}
         log.info("plan %s", json.dumps(self.state.plan, sort_keys=True, separators=(",", ":")))
         for reason in plan.get("reasons", []):
             log.info("plan reason: %s", reason)
         self.tracker.advance(stages.STARTING)
 
         # 2. caches
-        env = dict(os.environ)
-        env.update(plan_env)
-        for k, v in (plan.get("env") or {}).items():
-            if v is None:               # the plan asks for a variable to be unset (e.g. VLLM_PLUGINS)
-                env.pop(k, None)
-        env.update(await self._prepare_cache(plan))
+        env = vllm_env(os.environ, plan.get("env"), await self._prepare_cache(plan))
+        dropped = sorted(k for k in os.environ if k.startswith(OWN_ENV_PREFIX))
+        if dropped:
+            log.info("not passed to vLLM (resolved by turingbox; the plan carries the values): %s", ", ".join(dropped))
 
-        # 3. vLLM
-        self.runtime_dir = (plan.get("plugin") or {}).get("runtime_dir") or env.get("TURINGBOX_RUNTIME_DIR")
+        # 3. vLLM (a runtime dir set for serve itself still counts when a --plan-file names none)
+        self.runtime_dir = ((plan.get("plugin") or {}).get("runtime_dir") or env.get("TURINGBOX_RUNTIME_DIR")
+                            or os.environ.get("TURINGBOX_RUNTIME_DIR"))
         if not self.runtime_dir:
             self.runtime_dir = self.own_runtime_dir = tempfile.mkdtemp(prefix="turingbox-runtime-")
         os.makedirs(self.runtime_dir, exist_ok=True)

@@ -41,8 +41,8 @@ SERVE_SETTINGS = tuple(s.name for s in (
     S.declare(S.Setting("host", "address the sidecar listens on", str, "0.0.0.0")),
     S.declare(S.Setting("port", "public port of the sidecar (health, metrics, /v1 proxy)", S.port, 8000)),
     S.declare(S.Setting("upstream_port", "loopback port for vLLM itself; 0 picks a free one", S.port, 0)),
-    S.declare(S.Setting("api_key", "API key required on /v1/* as 'Authorization: Bearer KEY' (unset: open)",
-                        api_key, None, secret=True)),
+    S.declare(S.Setting("api_key", "API key required on /v1/* and /turingbox/plan as 'Authorization: Bearer "
+                        "KEY' (unset or empty: off, /v1 open, logged as a warning)", api_key, None, secret=True)),
     S.declare(S.Setting("metrics_require_key", "also require the API key on /metrics", S.boolean, False)),
     S.declare(S.Setting("drain_grace_seconds", "on SIGTERM, how long in-flight requests may take to finish",
                         non_negative_float, 30.0)),
@@ -60,13 +60,24 @@ SERVE_SETTINGS = tuple(s.name for s in (
                         S.boolean, True)),
     S.declare(S.Setting("upstream_probe_seconds", "after ready, how often vLLM's /health is probed (and "
                         "how long a probe may take before readiness turns 503)", S.positive_float, 5.0)),
-    S.declare(S.Setting("exit_linger_seconds", "after vLLM died, how long the sidecar keeps answering "
-                        "(liveness 503) before exiting", non_negative_float, 2.0)),
+    S.declare(S.Setting("exit_linger_seconds", "after vLLM died or startup failed (no plan, vLLM not ready), "
+                        "how long the sidecar keeps answering (liveness 503) before exiting", non_negative_float, 2.0)),
     S.declare(S.Setting("vllm_command", "program that runs vLLM (default: this Python with "
                         "-m vllm.entrypoints.cli.main); for tests and custom builds", command_line, None)),
     S.declare(S.Setting("plan_file", "serve this plan JSON (from `turingbox plan --json`) instead of "
                         "planning now", str, None)),
 ))
+
+
+def api_key_state(api_key: str | None, env: Mapping[str, str]) -> tuple[bool, str]:
+    """(on, the startup log line's text) for the sidecar's key. settings.resolve treats an empty variable
+    as unset; an empty TURINGBOX_API_KEY (a `.env` line `TURINGBOX_API_KEY=`, `${TURINGBOX_API_KEY:-}` in a
+    compose file, an empty Secret key) means off as well, and the line says so by name (never the key)."""
+    if api_key:
+        return True, "API key: on (/v1/* and /turingbox/plan need 'Authorization: Bearer <key>')"
+    name = S.REGISTRY["api_key"].env_name
+    why = f"{name} is set but empty" if env.get(name) == "" else f"{name} is not set"
+    return False, f"API key: off ({why})"
 
 
 @dataclass(frozen=True)
