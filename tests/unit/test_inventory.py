@@ -21,8 +21,21 @@ def test_fixtures_are_shaped_like_the_design_inventory(path):
     for entry in data:
         assert set(entry) == FIELDS
         assert entry["uuid"].startswith("GPU-") and entry["memory_free_mib"] <= entry["memory_total_mib"]
+    if not data:      # an empty inventory names the file instead of planning "no GPU"
+        with pytest.raises(PlanError, match="lists no GPU"):
+            JsonSource(str(path)).list_gpus()
+        return
     gpus = JsonSource(str(path)).list_gpus()
     assert [g.to_dict() for g in gpus] == data
+
+
+def test_empty_gpus_object_names_the_file(tmp_path):
+    f = tmp_path / "gpus.json"
+    f.write_text('{"gpus": []}')
+    with pytest.raises(PlanError) as info:
+        JsonSource(str(f)).list_gpus()
+    text = str(info.value)
+    assert "--gpus-json/TURINGBOX_GPUS_JSON" in text and str(f) in text and "\n" not in text
 
 
 def test_json_inventory_is_sorted_in_pci_order(tmp_path):

@@ -108,11 +108,66 @@ def test_demo_model_when_no_model_is_configured(tmp_path_factory):
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     assert plan["demo"] and plan["quantization"] is None and plan["dtype"] == "bfloat16"
-    assert os.path.isfile(os.path.join(plan["model"], "config.json"))
-    assert plan["model"].startswith(str(models_dir))
+    assert plan["model"].startswith(str(models_dir)) and plan["demo_fallback"] is None
+    # `turingbox plan` reports; it writes no demo directory (serve and demo-model build it).
+    assert not os.path.exists(plan["model"]) and os.listdir(models_dir) == []
     assert "--load-format" in plan["vllm_args"] and plan["reasons"][0].startswith("model: the built-in demo")
     # On Turing the seed's AWQ demo is chosen (it fits 4 cards with far more KV cache than bf16).
     r = run_plan("--gpus-json", fixture("4x2080ti-22g"), "--json", env={"TURINGBOX_MODELS_DIR": str(models_dir)})
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     assert plan["demo"] and plan["quantization"] == "awq" and plan["model"].endswith("-awq")
+
+
+def test_demo_fallback_is_named_first(tmp_path):
+    r = run_plan("--gpus-json", fixture("2x2080ti-11g"), "--json", env={"TURINGBOX_MODELS_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    fb = plan["demo_fallback"]
+    assert fb["wanted"] == "AWQ INT4, 64 layers" and fb["used"] != fb["wanted"] and "does not fit" in fb["why"]
+    assert plan["reasons"][0].startswith("demo fallback: the AWQ INT4, 64 layers demo does not fit")
+    assert plan["reasons"][1].startswith("model: the built-in demo")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.fixture(scope="module")
+def empty_gpus(tmp_path_factory):
+    f = tmp_path_factory.mktemp("g") / "gpus.json"
+    f.write_text('{"gpus": []}')
+    return str(f)
+
+
+# The refusals, as a new user meets them: exit 2, one sentence naming the setting and numbers.
+@pytest.mark.parametrize("inventory,env,words", [
+    ("4x2080ti-22g", {"TURINGBOX_GPU_MEMORY_UTILIZATION": "0.1"},
+     ["--gpu-memory-utilization/TURINGBOX_GPU_MEMORY_UTILIZATION 0.1", "demo (AWQ INT4, 64 layers)",
+      "2.20 GiB per GPU"]),
+    ("4x2080ti-22g", {"TURINGBOX_MAX_NUM_SEQS": "10000"},
+     ["--max-num-seqs/TURINGBOX_MAX_NUM_SEQS 10000", "demo (AWQ INT4, 64 layers)", "50000 tokens"]),
+    ("mixed-3x2080ti-3060", {"TURINGBOX_TP": "4"},
+     ["--tensor-parallel-size/TURINGBOX_TP 4", "3x NVIDIA GeForce RTX 2080 Ti", "1x NVIDIA GeForce RTX 3060"]),
+    ("4x2080ti-22g", {"TURINGBOX_MAX_MODEL_LEN": "1"}, ["--max-model-len/TURINGBOX_MAX_MODEL_LEN 1", "260 tokens"]),
+])
+def test_demo_refusals_name_the_setting(tmp_path, inventory, env, words):
+    _bad(run_plan("--gpus-json", fixture(inventory), "--json", env=dict(env, TURINGBOX_MODELS_DIR=str(tmp_path))),
+         *words)
+    assert os.listdir(tmp_path) == []
+
+
+def test_empty_gpus_object(empty_gpus, awq_dir):
+    _bad(run_plan("--gpus-json", empty_gpus, "--model", awq_dir), "--gpus-json/TURINGBOX_GPUS_JSON", empty_gpus,
+         "lists no GPU")
+
+
+def test_model_path_that_is_a_file(awq_dir):
+    path = os.path.join(awq_dir, "config.json")
+    _bad(run_plan("--gpus-json", fixture("4x2080ti-22g"), "--model", path),
+         f"--model/TURINGBOX_MODEL {path} is a file", f"(here {awq_dir})")
+
+
+def test_objective_reaches_the_plan(awq_dir):
+    r = run_plan("--gpus-json", fixture("4x2080ti-22g"), "--model", awq_dir, "--json",
+                 env={"TURINGBOX_OBJECTIVE": "throughput", "TURINGBOX_STRICT_WARMUP": "0"})
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert (plan["tensor_parallel_size"], plan["data_parallel_size"], plan["objective"]) == (2, 2, "throughput")

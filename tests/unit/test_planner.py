@@ -238,6 +238,75 @@ def _context_request(p):
     assert p["max_model_len"] == 32768 and p["max_num_seqs"] == 8       # sm_75 default cap fits at 32k
 
 
+# The seed README's commands (2 and 4 cards): the user asked for 262144 tokens and 4 sequences.
+SEED_COMMAND = {"max_num_seqs": 4, "max_num_batched_tokens": 8192, "max_model_len": 262144}
+
+
+def _seed_readme_4(p):
+    assert (p["tensor_parallel_size"], p["num_speculative_tokens"]) == (4, 4)
+    assert (p["max_model_len"], p["max_num_seqs"], p["max_num_batched_tokens"]) == (262144, 4, 8192)
+    assert p["mtp_refused_parameters"] == ["min_p", "logit_bias"]
+    assert any(r.startswith("max_model_len=262144: requested; one sequence") for r in p["reasons"])
+
+
+def _seed_readme_2(p):
+    # The case: the pool holds ~2 full contexts, not 4; vLLM starts because ONE fits.
+    assert (p["tensor_parallel_size"], p["max_model_len"], p["max_num_seqs"]) == (2, 262144, 4)
+    m = p["memory"]
+    assert m["kv_needed_gib"] <= m["kv_cache_gib"] - m["kv_safety_margin_gib"]
+    assert m["kv_all_seqs_at_max_len_gib"] > m["kv_cache_gib"]          # not all 4 at full length at once
+    assert 262144 <= m["kv_cache_tokens"] < 4 * 262144
+    r = next(r for r in p["reasons"] if r.startswith("max_model_len=262144"))
+    assert "full-length sequence" in r and "share the pool" in r
+
+
+def _many_seqs_share(p):
+    # 256 sequences: the automatic context is conservative but stops at the 4096-token floor while
+    # one 4096-token sequence fits; the rest share the pool.
+    assert p["max_num_seqs"] == 256 and p["max_model_len"] == 4096
+    assert any("share the pool" in r for r in p["reasons"])
+
+
+def _explicit_shrink(p):
+    # 70 % of each card: one 262144-token sequence no longer fits, so (and only so) the context shrinks.
+    assert p["max_model_len"] < 262144 and p["max_model_len"] % 256 == 0
+    r = next(r for r in p["reasons"] if r.startswith(f"max_model_len={p['max_model_len']} (shrunk by"))
+    assert f"shrunk by {262144 - p['max_model_len']} tokens" in r and "GiB more than" in r
+
+
+def _latency_default(p):
+    assert (p["tensor_parallel_size"], p["data_parallel_size"], p["num_speculative_tokens"]) == (4, 1, 4)
+    assert p["objective"] == "latency" and "--data-parallel-size" not in p["vllm_args"]
+    assert any(r.startswith("DP=1: TURINGBOX_OBJECTIVE=latency") and "2 replicas of TP=2" in r for r in p["reasons"])
+
+
+def _throughput_strict(p):
+    assert (p["tensor_parallel_size"], p["data_parallel_size"]) == (4, 1)
+    assert any("TURINGBOX_STRICT_WARMUP=0" in r for r in p["reasons"])
+
+
+def _throughput_dp(p):
+    assert (p["tensor_parallel_size"], p["data_parallel_size"], p["num_speculative_tokens"]) == (2, 2, 3)
+    assert has_pair(p["vllm_args"], "--data-parallel-size", "2") and p["max_model_len"] == 262144
+    assert p["gpus"] == uuids("4x2080ti-22g") and p["excluded_gpus"] == []
+    assert any(r.startswith("DP=2:") for r in p["reasons"])
+
+
+def _h100_dp8(p):
+    assert (p["tensor_parallel_size"], p["data_parallel_size"]) == (1, 8)
+    assert has_pair(p["vllm_args"], "--data-parallel-size", "8") and p["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    assert not any("measured on an H200" in r for r in p["reasons"])
+
+
+def _h100_latency(p):
+    assert (p["tensor_parallel_size"], p["data_parallel_size"]) == (8, 1)
+    assert any("TURINGBOX_OBJECTIVE=throughput would run 8 replicas of TP=1" in r for r in p["reasons"])
+
+
+def _throughput_set_tp(p):
+    assert (p["tensor_parallel_size"], p["data_parallel_size"]) == (2, 2) and p["excluded_gpus"] == []
+
+
 CASES = [
     ("seed-4x2080ti-22g-awq-262k", "4x2080ti-22g", "awq", {"max_model_len": 262144}, None, _seed),
     ("2x2080ti-22g-awq", "2x2080ti-22g", "awq", {}, None, _two),
@@ -263,6 +332,23 @@ CASES = [
     ("no-prefix-caching", "4x2080ti-22g", "awq", {"prefix_caching": False}, None, _no_prefix),
     ("h200-kv-auto", "1xh200", "bf16", {"kv_cache_dtype": "auto"}, None, _kv_auto),
     ("context-32k", "4x2080ti-22g", "awq", {"max_model_len": 32768}, None, _context_request),
+    ("256-seqs-share-the-pool", "4x2080ti-22g", "awq", {"max_num_seqs": 256}, None, _many_seqs_share),
+    ("seed-readme-4-cards", "4x2080ti-22g", "awq", SEED_COMMAND, None, _seed_readme_4),
+    ("seed-readme-2-cards", "2x2080ti-22g", "awq", SEED_COMMAND, None, _seed_readme_2),
+    ("explicit-len-shrinks-only-when-one-cannot-fit", "2x2080ti-22g", "awq",
+     {"max_model_len": 262144, "gpu_memory_utilization": 0.7}, None, _explicit_shrink),
+    ("len-at-the-request-bound", "4x2080ti-22g", "awq", {"max_model_len": 256, "mtp": 0}, None,
+     lambda p: p["max_model_len"] == 256 or pytest.fail("256 tokens is one chat turn without MTP")),
+    ("latency-default-keeps-tp4", "4x2080ti-22g", "awq", {}, None, _latency_default),
+    ("throughput-waits-for-strict-warmup", "4x2080ti-22g", "awq", {"objective": "throughput"}, None,
+     _throughput_strict),
+    ("throughput-dp2-tp2", "4x2080ti-22g", "awq", {"objective": "throughput", "strict_warmup": False}, None,
+     _throughput_dp),
+    ("throughput-8xh100-dp8", "8xh100", "bf16", {"objective": "throughput", "strict_warmup": False}, None,
+     _h100_dp8),
+    ("latency-8xh100-tp8", "8xh100", "bf16", {}, None, _h100_latency),
+    ("throughput-with-set-tp", "4x2080ti-22g", "awq",
+     {"objective": "throughput", "strict_warmup": False, "tensor_parallel_size": 2}, None, _throughput_set_tp),
 ]
 
 ERROR_CASES = [
@@ -274,7 +360,20 @@ ERROR_CASES = [
     ("mtp-on-model-without-head", "4x2080ti-22g", "nomtp", {"mtp": 2}, None, UsageError, ["TURINGBOX_MTP 2", "no MTP head"]),
     ("mtp-out-of-range", "4x2080ti-22g", "awq", {"mtp": 9}, None, UsageError, ["TURINGBOX_MTP 9"]),
     ("context-beyond-model", "4x2080ti-22g", "awq", {"max_model_len": 300000}, None, UsageError, ["300000", "262144"]),
-    ("too-many-seqs-floor", "4x2080ti-22g", "awq", {"max_num_seqs": 256}, None, PlanError, ["4096-token floor", "GiB"]),
+    ("len-below-one-chat-turn", "4x2080ti-22g", "awq", {"max_model_len": 1}, None, UsageError,
+     ["--max-model-len/TURINGBOX_MAX_MODEL_LEN 1", "260 tokens", "4 MTP"]),
+    ("len-below-one-chat-turn-no-mtp", "4x2080ti-22g", "awq", {"max_model_len": 255, "mtp": 0}, None, UsageError,
+     ["TURINGBOX_MAX_MODEL_LEN 255", "256 tokens"]),
+    ("util-0.1-named", "4x2080ti-22g", "awq", {"gpu_memory_utilization": 0.1}, None, PlanError,
+     ["--gpu-memory-utilization/TURINGBOX_GPU_MEMORY_UTILIZATION 0.1", "2.20 GiB per GPU", "weights need"]),
+    ("seqs-10000-named", "4x2080ti-22g", "awq", {"max_num_seqs": 10000}, None, PlanError,
+     ["--max-num-seqs/TURINGBOX_MAX_NUM_SEQS 10000", "50000 tokens", "GiB"]),
+    ("tp4-on-3-plus-1-kinds", "mixed-3x2080ti-3060", "awq", {"tensor_parallel_size": 4}, None, UsageError,
+     ["--tensor-parallel-size/TURINGBOX_TP 4", "3x NVIDIA GeForce RTX 2080 Ti", "1x NVIDIA GeForce RTX 3060",
+      "never mixes"]),
+    ("objective-unknown", "4x2080ti-22g", "awq", {"objective": "fast"}, None, UsageError, ["TURINGBOX_OBJECTIVE"]),
+    ("batched-below-decode-step", "4x2080ti-22g", "awq", {"max_num_batched_tokens": 2048, "max_num_seqs": 600},
+     None, UsageError, ["--max-num-batched-tokens/TURINGBOX_MAX_NUM_BATCHED_TOKENS 2048", "600 x 5"]),
     ("bf16-on-sm75", "4x2080ti-22g", "awq", {"dtype": "bfloat16"}, None, UsageError, ["bfloat16", "sm_75"]),
     ("flash-attn-on-sm75", "4x2080ti-22g", "awq", {"attention_backend": "FLASH_ATTN"}, None, UsageError, ["FLASH_ATTN", "sm_80"]),
     ("flashinfer-fp8-half-on-sm90", "1xh200", "bf16", {"attention_backend": "FLASHINFER", "dtype": "half"}, None,
@@ -285,7 +384,7 @@ ERROR_CASES = [
     ("util-above-free", "4x2080ti-22g-desktop", "awq", {"gpu_memory_utilization": 0.99}, None, UsageError, ["GiB"]),
     ("batched-below-block", "4x2080ti-22g", "awq", {"max_num_batched_tokens": 512}, None, UsageError, ["512", "block"]),
     ("v100-unsupported", "1xv100", "awq", {}, None, PlanError, ["7.0", "7.5"]),
-    ("no-gpu", "empty", "awq", {}, None, PlanError, ["no GPU"]),
+    ("no-gpu", "empty", "awq", {}, None, PlanError, ["--gpus-json/TURINGBOX_GPUS_JSON", "lists no GPU"]),
     ("all-hidden", "4x2080ti-22g", "awq", {}, {"CUDA_VISIBLE_DEVICES": ""}, PlanError, ["no GPU", "4 hidden"]),
     ("mig-refused", "4x2080ti-22g", "awq", {}, {"CUDA_VISIBLE_DEVICES": "MIG-5c89852c-d268-c3f3-1b07-005d5ae1dc3f"},
      PlanError, ["MIG"]),
@@ -307,8 +406,15 @@ def test_plan_table(models, case):
     assert has_pair(plan["vllm_args"], "--worker-cls", "turingbox_plugin.worker.TuringboxWorker")
     extra = json.loads(plan["vllm_args"][plan["vllm_args"].index("--additional-config") + 1])
     assert extra["turingbox"] == plan["plugin"]
-    assert len(plan["gpus"]) == plan["tensor_parallel_size"]
-    assert len(plan["env"]["CUDA_VISIBLE_DEVICES"].split(",")) == plan["tensor_parallel_size"]
+    ranks = plan["tensor_parallel_size"] * plan["data_parallel_size"]
+    assert len(plan["gpus"]) == ranks and len(plan["env"]["CUDA_VISIBLE_DEVICES"].split(",")) == ranks
+    assert plan["mtp_refused_parameters"] == (["min_p", "logit_bias"] if plan["num_speculative_tokens"] else [])
+    assert (plan["data_parallel_size"] > 1) == ("--data-parallel-size" in plan["vllm_args"])
+    mtp_cost = [r for r in plan["reasons"] if r.startswith("MTP cost:")]
+    assert bool(mtp_cost) == bool(plan["num_speculative_tokens"])
+    assert all("min_p" in r and "logit_bias" in r and "TURINGBOX_MTP=0" in r for r in mtp_cost)
+    # vLLM's start condition holds for every plan: one max_model_len sequence fits the planned pool.
+    assert m["kv_cache_tokens"] >= plan["max_model_len"]
     assert plan["max_num_batched_tokens"] >= m["block_size"]            # align mode schedules whole blocks
 
 
@@ -411,3 +517,37 @@ def test_free_memory_drives_gpu_choice(models):
     plan = make_plan(gpus, models["awq"], {}, SOFTWARE)
     assert plan["gpus"] == [inv[1]["uuid"], inv[2]["uuid"]]
     assert plan["excluded_gpus"][0]["index"] == 0
+
+
+@pytest.mark.parametrize("name,cc", [("NVIDIA A10G", "8.6"), ("NVIDIA L4", "8.9"), ("NVIDIA H100 80GB HBM3", "9.0"),
+                                     ("NVIDIA H200", "9.0")])
+def test_mtp_reason_says_what_it_is_based_on(name, cc):
+    from turingbox.gpus.inventory import Gpu
+    from turingbox.plan import arch
+    gpu = Gpu(0, "GPU-x", name, cc, 24000, 23000, "00000000:01:00.0")
+    depth, reason = arch.mtp_depth(gpu, 1, True, None)
+    assert depth == 3
+    if "H200" in name:
+        assert "measured on this GPU kind (H200" in reason
+    else:
+        assert "measured on an H200" not in reason and "no turingbox measurement" in reason and name in reason
+
+
+def test_explicit_len_is_kept_exactly_when_one_sequence_fits(models):
+    # Sweep gpu_memory_utilization on the seed's 2-card box: the requested 262144 stays whenever one
+    # 262144-token sequence fits the usable pool, and the plan shrinks it only when it does not.
+    inv = read_inventory(fixture("2x2080ti-22g"), {})
+    for util in (0.5, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9):
+        try:
+            p = make_plan(inv, models["awq"], dict(SEED_COMMAND, gpu_memory_utilization=util), SOFTWARE)
+        except PlanError:
+            continue
+        m = p["memory"]
+        layout = mem.kv_layout(models["awq"], 2, p["num_speculative_tokens"], "fp8", "half", True)
+        usable = m["kv_cache_bytes"] - int(m["kv_safety_margin_gib"] * GIB)
+        fits = layout.bytes_for(262144, 1) <= usable + GIB // 1000
+        assert (p["max_model_len"] == 262144) == fits, (util, p["max_model_len"])
+
+
+def test_demo_fallback_field_defaults_to_none(models):
+    assert plan_for(models, "4x2080ti-22g", "awq")["demo_fallback"] is None

@@ -115,6 +115,10 @@ class JsonSource:
             data = data["gpus"]
         if not isinstance(data, list):
             raise UsageError(f"--gpus-json file {self.path} must hold a JSON list of GPUs.")
+        if not data:
+            # An empty file is a simulation mistake, not "this machine has no GPU": name the file.
+            raise PlanError(f"--gpus-json/TURINGBOX_GPUS_JSON file {self.path} lists no GPU (an empty list); "
+                            "add inventory entries to it, or unset it to read the GPUs through NVML.")
         gpus = [gpu_from_dict(item, f"--gpus-json {self.path} entry {i}") for i, item in enumerate(data)]
         _check_unique(gpus, f"--gpus-json file {self.path}")
         return gpus

@@ -64,6 +64,9 @@ _DECLARED = [
     S.Setting("gpus_json", "read the GPU inventory from this JSON file instead of NVML (simulation)", _path),
     S.Setting("tensor_parallel_size", "tensor-parallel GPUs (default: the largest legal count of identical GPUs)",
               S.positive_int, env="TURINGBOX_TP"),
+    S.Setting("objective", "what to optimise when the model fits in fewer GPUs than are visible: latency (one "
+              "wide TP group) or throughput (data-parallel replicas)", S.choice("latency", "throughput"),
+              default="latency"),
     S.Setting("mtp", f"MTP speculative tokens, 0-{archmod.MTP_MAX} (default: by architecture and TP)", _mtp),
     S.Setting("max_model_len", "context length in tokens, e.g. 262144 or 256k (default: the model's; "
               "shrunk to what fits)", _context),
@@ -111,7 +114,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = plan_from_args(args)
+    plan = plan_from_args(args, write_demo=False)     # `plan` only reports: it writes no model dirs
     if getattr(args, "json", False):
         sys.stdout.write(json.dumps(plan, indent=2) + "\n")
     else:
@@ -133,6 +136,12 @@ def _explicit(name: str, args: argparse.Namespace | None, env: Mapping[str, str]
 
 def _load_model(path: str):
     from turingbox_plugin.errors import ToolError
+    where = f"{S.REGISTRY['model'].flag_name}/{S.REGISTRY['model'].env_name} {path}"
+    if os.path.isfile(path):
+        raise UsageError(f"{where} is a file; it must be the model directory that holds config.json"
+                         + (f" (here {os.path.dirname(path)})." if os.path.basename(path) == "config.json" else "."))
+    if not os.path.exists(path):
+        raise UsageError(f"{where} does not exist; it must be the model directory that holds config.json.")
     from turingbox_plugin.model_config import load_model_config
     try:
         return load_model_config(path)
@@ -140,8 +149,13 @@ def _load_model(path: str):
         raise UsageError(str(exc)) from None
 
 
-def plan_from_args(args: argparse.Namespace | None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Resolve the plan settings once, read the GPUs and the model (or the demo model), plan."""
+def plan_from_args(args: argparse.Namespace | None, env: Mapping[str, str] | None = None,
+                   write_demo: bool = True) -> dict[str, Any]:
+    """Resolve the plan settings once, read the GPUs and the model (or the demo model), plan.
+
+    write_demo: build the chosen demo model directory (serve and warmup need it on disk); `turingbox
+    plan` passes False and plans from the demo's in-memory config.
+    """
     from turingbox.gpus.inventory import read_inventory
     from turingbox.plan.planner import make_plan
 
@@ -151,7 +165,7 @@ def plan_from_args(args: argparse.Namespace | None, env: Mapping[str, str] | Non
     software = _software()
     if values["model"]:
         return make_plan(inventory, _load_model(values["model"]), values, software)
-    return _plan_demo(inventory, values, args, env, software)
+    return _plan_demo(inventory, values, args, env, software, write_demo)
 
 
 def _demo_dir(models_dir: str, awq: bool, layers: int | None) -> str:
@@ -162,7 +176,8 @@ def _demo_dir(models_dir: str, awq: bool, layers: int | None) -> str:
     return os.path.join(models_dir, demo.DEMO_DIR_NAME + suffix)
 
 
-def _plan_demo(inventory, values: dict, args, env: Mapping[str, str], software: dict) -> dict[str, Any]:
+def _plan_demo(inventory, values: dict, args, env: Mapping[str, str], software: dict,
+               write_demo: bool = True) -> dict[str, Any]:
     """No model configured: the demo model, in the first variant that fits these GPUs."""
     import hashlib
 
@@ -185,24 +200,38 @@ def _plan_demo(inventory, values: dict, args, env: Mapping[str, str], software: 
         else:
             variants = [(False, None), (True, None)] + smaller
             why = "the first variant (bf16 27B, then AWQ, then fewer layers) that fits"
-    last_error: PlanError | None = None
+
+    def describe(awq: bool, cfg: dict) -> str:
+        return f"{'AWQ INT4' if awq else 'bf16'}, {cfg['text_config']['num_hidden_layers']} layers"
+
+    first: tuple[str, PlanError] | None = None
     for awq, layers in variants:
         target = _demo_dir(values["models_dir"], awq, layers)
         cfg = demo.make_config(awq, layers)
         digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
         try:
-            make_plan(inventory, _from_dict(cfg, target, digest), values, software)
+            plan = make_plan(inventory, _from_dict(cfg, target, digest), values, software)
         except PlanError as exc:
-            last_error = exc
+            if first is None:
+                first = (describe(awq, cfg), exc)
             continue
-        path = demo.ensure_demo_model(target, awq=awq, layers=layers)
-        plan = make_plan(inventory, _load_model(path), values, software)
-        n = cfg["text_config"]["num_hidden_layers"]
-        plan["reasons"].insert(0, f"model: the built-in demo ({'AWQ INT4' if awq else 'bf16'}, {n} layers of "
-                                  f"Qwen3.6-27B) at {path}: no model was configured; {why}.")
+        if write_demo:
+            # The files written are exactly make_config's, so the plan made from memory stands.
+            target = demo.ensure_demo_model(target, awq=awq, layers=layers)
+        where = target if write_demo else f"{target} (not written by `turingbox plan`; serve or demo-model builds it)"
+        lead = [f"model: the built-in demo ({describe(awq, cfg)} of Qwen3.6-27B) at {where}: no model was "
+                f"configured; {why}."]
+        if first is not None:
+            # A smaller stand-in, not the model the user gets by default: say so first.
+            plan["demo_fallback"] = {"wanted": first[0], "used": describe(awq, cfg),
+                                     "why": str(first[1]).rstrip(".")}
+            lead.insert(0, f"demo fallback: the {first[0]} demo does not fit, so this plan serves the {describe(awq, cfg)} "
+                           f"stand-in ({str(first[1]).rstrip('.')}).")
+        plan["reasons"][:0] = lead
         return plan
-    assert last_error is not None
-    raise last_error
+    assert first is not None
+    # The refusal carries the numbers of the demo the user would get, not of the last stand-in tried.
+    raise PlanError(f"the built-in demo ({first[0]}) cannot be planned, nor any smaller stand-in: {first[1]}")
 
 
 # ---- table output --------------------------------------------------------------------------------------

@@ -24,6 +24,16 @@ CONTEXT_ROUNDING = 256          # a shrunk max_model_len is rounded down to this
 REASONING_PARSER = "qwen3"
 TOOL_PARSER = "qwen3_coder"     # Qwen3.5/3.6 emit Qwen3-Coder style XML tool calls
 DEMO_TOOL_PARSER = "hermes"     # the demo model's ChatML template writes <tool_call>{json}</tool_call>
+# The least context a real request needs: one chat turn (a templated prompt of a few sentences and a
+# short answer; the Qwen chat template alone is ~20 tokens) plus the MTP drafts, which take KV slots
+# past the last accepted token. Below it every request fails with "longer than max_model_len".
+CHAT_TURN_TOKENS = 256
+# vLLM 0.21 sampling_params.py _validate_spec_decode: these fail (400) while speculative decoding is on.
+MTP_REFUSED_PARAMETERS = ("min_p", "logit_bias")
+OBJECTIVES = ("latency", "throughput")
+# The turingbox strict warmup (plugin driver.unsupported_reason) refuses data parallelism, so DP
+# replicas are planned only when strict warmup is off.
+DP_NEEDS_STRICT_WARMUP_OFF = True
 
 # Settings the planner reads (names in turingbox.settings); None means "decide automatically".
 DEFAULTS: dict[str, Any] = {
@@ -32,8 +42,20 @@ DEFAULTS: dict[str, Any] = {
     "attention_backend": None, "dtype": None, "gdn_prefill_backend": None, "gdn": None,
     "enforce_eager": False, "prefix_caching": True, "served_model_name": None,
     "min_model_len": DEFAULT_MIN_MODEL_LEN, "strict_warmup": True, "require_plugin": True,
-    "benchmark_mode": False, "runtime_dir": "/tmp/turingbox",
+    "benchmark_mode": False, "runtime_dir": "/tmp/turingbox", "objective": "latency",
 }
+
+# Flag/variable of each setting the planner names in its sentences (declared in plan/command.py).
+_ENV_NAMES = {"tensor_parallel_size": "TURINGBOX_TP"}
+
+
+def setting_name(name: str) -> str:
+    """'--max-num-seqs/TURINGBOX_MAX_NUM_SEQS': how refusals and reasons name a setting."""
+    return f"--{name.replace('_', '-')}/{_ENV_NAMES.get(name, 'TURINGBOX_' + name.upper())}"
+
+
+def min_request_tokens(num_spec: int) -> int:
+    return CHAT_TURN_TOKENS + num_spec
 
 
 # ---- tensor parallelism ----------------------------------------------------------------------------
@@ -83,29 +105,44 @@ class Sizing:
     reasons: list[str]
 
 
-def _fail_fit(gpus: Sequence[Gpu], weights: int, runtime: int, kv_avail: int, need: int, floor: int) -> PlanError:
+def _explicit_text(s: Mapping[str, Any], names: Sequence[str]) -> str:
+    parts = [f"{setting_name(n)} {s[n]}" for n in names if s.get(n) is not None]
+    return (" with " + ", ".join(parts)) if parts else ""
+
+
+def _fail_fit(gpus: Sequence[Gpu], s: Mapping[str, Any], requested: int, weights: int, act: int, logits: int,
+              cg: int, non_torch: int, kv_avail: int, need: int, floor: int, logit_tokens: int) -> PlanError:
     g = gpus[0]
+    # Name what the user set: the sentence must point at the setting that broke the fit.
+    util = (f"{setting_name('gpu_memory_utilization')} {s['gpu_memory_utilization']} gives vLLM "
+            f"{mem.gib(requested):.2f} GiB per GPU" if s.get("gpu_memory_utilization") is not None
+            else f"vLLM may budget {mem.gib(requested):.2f} GiB per GPU")
+    seqs = (f"{setting_name('max_num_seqs')} {s['max_num_seqs']} makes the sampler hold logits for "
+            f"{logit_tokens} tokens ({mem.gib(logits):.2f} GiB), " if s.get("max_num_seqs") is not None else "")
     return PlanError(
-        f"the model does not fit on {len(gpus)}x {g.name} ({g.memory_total_mib / 1024:.1f} GiB each): "
-        f"its weights need {mem.gib(weights):.2f} GiB per GPU and vLLM's runtime {mem.gib(runtime):.2f} GiB more, "
-        f"leaving {mem.gib(kv_avail):.2f} GiB for the KV cache where {mem.gib(need):.2f} GiB is needed for "
-        f"one {floor}-token sequence.")
+        f"the model does not fit on {len(gpus)}x {g.name} ({g.memory_total_mib / 1024:.1f} GiB each)"
+        f"{_explicit_text(s, ('tensor_parallel_size', 'max_num_batched_tokens', 'max_model_len'))}: "
+        f"{util}, its weights need {mem.gib(weights):.2f} GiB per GPU, {seqs}"
+        f"vLLM's runtime needs {mem.gib(act + cg + non_torch):.2f} GiB more (activations {mem.gib(act):.2f}, "
+        f"CUDA graphs {mem.gib(cg):.2f}, other {mem.gib(non_torch):.2f}), leaving {mem.gib(max(kv_avail, 0)):.2f} GiB "
+        f"for the KV cache where {mem.gib(need):.2f} GiB is needed for one {floor}-token sequence.")
 
 
 def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int, rules: archmod.ArchRules,
-                s: Mapping[str, Any], include_vision: bool) -> Sizing:
+                s: Mapping[str, Any], include_vision: bool, dp: int = 1) -> Sizing:
     reasons: list[str] = []
     total_mib = min(g.memory_total_mib for g in gpus)
     free_mib = min(g.memory_free_mib for g in gpus)
     act_bytes = mem.dtype_bytes(rules.dtype)
+    ranks = tp * dp      # NCCL communicators exist whenever more than one rank runs
 
     # gpu_memory_utilization: what vLLM may budget, the rest stays for context/NCCL/late allocations.
-    util_auto, outside = mem.gpu_memory_utilization(total_mib, free_mib, tp, rules.attention_backend == "FLASHINFER")
+    util_auto, outside = mem.gpu_memory_utilization(total_mib, free_mib, ranks, rules.attention_backend == "FLASHINFER")
     if s["gpu_memory_utilization"] is not None:
         util = float(s["gpu_memory_utilization"])
         limit_mib = free_mib - outside["cuda_context_mib"] - outside["nccl_mib"]
         if util * total_mib > limit_mib:
-            raise UsageError(f"TURINGBOX_GPU_MEMORY_UTILIZATION {util} asks for {util * total_mib / 1024:.2f} GiB "
+            raise UsageError(f"{setting_name('gpu_memory_utilization')} {util} asks for {util * total_mib / 1024:.2f} GiB "
                              f"per GPU but only {limit_mib / 1024:.2f} GiB are free after the CUDA context.")
         reasons.append(f"gpu_memory_utilization={util}: set by TURINGBOX_GPU_MEMORY_UTILIZATION.")
     else:
@@ -117,7 +154,7 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
             if outside["shared_gpu_headroom_mib"] else ""
         reasons.append(f"gpu_memory_utilization={util}: {free_mib / 1024:.2f} GiB free of {total_mib / 1024:.2f} GiB, "
                        f"minus {sum(outside.values()) / 1024:.2f} GiB for CUDA context, "
-                       f"{'NCCL, ' if tp > 1 else ''}late allocations and slack{shared}.")
+                       f"{'NCCL, ' if ranks > 1 else ''}late allocations and slack{shared}.")
     requested = int(util * total_mib * mem.MIB)
 
     weights = mem.weight_bytes_per_rank(model, tp, act_bytes, include_vision)
@@ -128,7 +165,7 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
     if s["max_num_batched_tokens"] is not None:
         mnbt = int(s["max_num_batched_tokens"])
         if mnbt < need_mnbt:
-            raise UsageError(f"TURINGBOX_MAX_NUM_BATCHED_TOKENS {mnbt} is below the {need_mnbt}-token KV block "
+            raise UsageError(f"{setting_name('max_num_batched_tokens')} {mnbt} is below the {need_mnbt}-token KV block "
                              "that --mamba-cache-mode align must schedule in one step.")
         reasons.append(f"max_num_batched_tokens={mnbt}: set by TURINGBOX_MAX_NUM_BATCHED_TOKENS.")
         mnbt_auto = False
@@ -155,18 +192,25 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
         non_torch = mem.NON_TORCH_INCREASE_MIB * mem.MIB
         return requested - weights.total - act - cg - non_torch, act, cg, non_torch, sizes
 
-    # Context and concurrency: each of max_num_seqs sequences may reach max_model_len.
+    # The context asked for, and the least a real request needs.
     model_max = model.max_position_embeddings
-    if s["max_model_len"] is not None:
+    bound = min_request_tokens(num_spec)
+    explicit_len = s["max_model_len"] is not None
+    if explicit_len:
         want_len = int(s["max_model_len"])
         if want_len > model_max:
-            raise UsageError(f"--max-model-len/TURINGBOX_MAX_MODEL_LEN {want_len} exceeds the model's {model_max}-token context "
+            raise UsageError(f"{setting_name('max_model_len')} {want_len} exceeds the model's {model_max}-token context "
                              "(max_position_embeddings).")
+        if want_len < bound:
+            raise UsageError(f"{setting_name('max_model_len')} {want_len} is below {bound} tokens, the least one chat "
+                             f"turn needs ({CHAT_TURN_TOKENS} tokens of templated prompt and answer"
+                             + (f" plus {num_spec} MTP draft slots" if num_spec else "") + ").")
         len_source = "requested"
     else:
         want_len = model_max
         len_source = "the model's full context"
-    floor = min(int(s["min_model_len"] or DEFAULT_MIN_MODEL_LEN), want_len)
+    # Shrinking stops at min_model_len (the user's floor), never below what one request needs.
+    floor = max(bound, min(int(s["min_model_len"] or DEFAULT_MIN_MODEL_LEN), want_len))
 
     # When memory is tight, a smaller prefill chunk lowers the activation peak (auto only).
     options = [mnbt]
@@ -176,54 +220,92 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
             options.append(mem.cdiv(smaller, 256) * 256)
             smaller //= 2
     for option in options:
-        kv_avail, act, cg, non_torch, sizes = kv_available(seqs_cap, max(option, seqs_cap * (1 + num_spec)))
+        batched = max(option, seqs_cap * (1 + num_spec))
+        kv_avail, act, cg, non_torch, sizes = kv_available(seqs_cap, batched)
         margin = max(mem.KV_SAFETY_MIN_MIB * mem.MIB, int(mem.KV_SAFETY_FRACTION * max(kv_avail, 0)))
         usable = kv_avail - margin
         if usable >= layout.bytes_for(floor, 1):
             break
     else:
-        runtime = requested - kv_avail - weights.total + sum(outside.values()) * mem.MIB
-        raise _fail_fit(gpus, weights.total, runtime, usable, layout.bytes_for(floor, 1), floor)
+        logit_tokens = seqs_cap * (1 + num_spec)
+        logits = logit_tokens * model.vocab_size * 4 * 2
+        raise _fail_fit(gpus, s, requested, weights.total, act, logits, cg, non_torch, usable,
+                        layout.bytes_for(floor, 1), floor, logit_tokens)
     lowered_from = mnbt if option != mnbt else None
     mnbt = option
 
-    per_seq = layout.bytes_for(want_len, 1)
+    # vLLM 0.21's rule (v1/core/kv_cache_utils.py check_enough_kv_cache_memory): the engine starts
+    # when ONE request of max_model_len fits in the pool, i.e. ceil(len / block) blocks per attention
+    # group plus (2 + MTP) GDN state blocks per GDN group (align mode). Sequences share the pool and
+    # the scheduler preempts when it runs out, so max_num_seqs does not multiply the context.
+    one_full = layout.bytes_for(want_len, 1)
+    full_at_once = usable // one_full if one_full else 0
+    after = f"after {mem.gib(weights.total):.2f} GiB of weights and {mem.gib(act + cg + non_torch):.2f} GiB of runtime"
+
     if s["max_num_seqs"] is not None:
         seqs = int(s["max_num_seqs"])
         reasons.append(f"max_num_seqs={seqs}: set by TURINGBOX_MAX_NUM_SEQS.")
     else:
-        seqs = max(1, min(seqs_cap, usable // per_seq))
-        if usable // per_seq >= seqs_cap:
+        # Automatic concurrency stays conservative: every sequence may reach max_model_len at once.
+        seqs = max(1, min(seqs_cap, full_at_once))
+        if full_at_once >= seqs_cap:
             reasons.append(f"max_num_seqs={seqs}: the {rules.arch} default; {seqs} sequences of {want_len} tokens fit.")
-        elif usable >= per_seq:
+        elif full_at_once >= 1:
             reasons.append(f"max_num_seqs={seqs}: {seqs} sequence{'s' if seqs > 1 else ''} of {want_len} tokens "
-                           f"fit{'' if seqs > 1 else 's'} in {mem.gib(usable):.2f} GiB of KV cache per GPU (at {mem.gib(per_seq):.2f} GiB each).")
+                           f"fit{'' if seqs > 1 else 's'} in {mem.gib(usable):.2f} GiB of KV cache per GPU (at {mem.gib(one_full):.2f} GiB each).")
         else:
             reasons.append(f"max_num_seqs=1: not even one sequence of {want_len} tokens fits, so the context shrinks.")
 
-    max_len = want_len
-    if layout.bytes_for(want_len, seqs) > usable:
-        fit = layout.max_len_for(usable, seqs)
+    if one_full > usable:
+        # One sequence cannot fit: vLLM itself would refuse to start, so shrink (explicit or not).
+        fit = layout.max_len_for(usable, 1)
         fit = min(want_len, fit // CONTEXT_ROUNDING * CONTEXT_ROUNDING if fit >= CONTEXT_ROUNDING else fit)
         if fit < floor:
             raise PlanError(
                 f"max_model_len would shrink to {fit} tokens, below the {floor}-token floor"
-                + (" (lower max_num_seqs)" if seqs > 1 else "") + f": {seqs} sequence(s) of "
-                f"{floor} tokens need {mem.gib(layout.bytes_for(floor, seqs)):.2f} GiB of KV cache and GDN state per GPU "
-                f"but only {mem.gib(usable):.2f} GiB fit after {mem.gib(weights.total):.2f} GiB of weights.")
-        reasons.append(f"max_model_len={fit} (shrunk from {len_source}, {want_len}): {seqs} sequence(s) of {want_len} "
-                       f"tokens need {mem.gib(layout.bytes_for(want_len, seqs)):.2f} GiB of KV cache and GDN state per GPU "
-                       f"but only {mem.gib(usable):.2f} GiB fit after {mem.gib(weights.total):.2f} GiB of weights.")
+                f"{_explicit_text(s, ('max_model_len', 'max_num_seqs', 'gpu_memory_utilization', 'tensor_parallel_size'))}: "
+                f"one sequence of {floor} tokens needs {mem.gib(layout.bytes_for(floor, 1)):.2f} GiB of KV cache and GDN "
+                f"state per GPU but only {mem.gib(usable):.2f} GiB fit {after}.")
+        reasons.append(f"max_model_len={fit} (shrunk by {want_len - fit} tokens from {len_source}, {want_len}): one "
+                       f"sequence of {want_len} tokens needs {mem.gib(one_full):.2f} GiB of KV cache and GDN state per "
+                       f"GPU, {mem.gib(one_full - usable):.2f} GiB more than the {mem.gib(usable):.2f} GiB that fit {after}; "
+                       "vLLM refuses to start unless one full-length sequence fits.")
         max_len = fit
+    elif explicit_len or layout.bytes_for(want_len, seqs) <= usable:
+        max_len = want_len
+        at_once = min(seqs, full_at_once)
+        reasons.append(f"max_model_len={want_len}: {len_source}; one sequence of {want_len} tokens needs "
+                       f"{mem.gib(one_full):.2f} GiB of the {mem.gib(usable):.2f} GiB KV pool per GPU, so "
+                       f"{full_at_once} full-length sequence{'s fit' if full_at_once != 1 else ' fits'} at once"
+                       + ("" if at_once >= seqs else
+                          f" and the {seqs} sequences share the pool (vLLM preempts when it fills)") + ".")
     else:
-        reasons.append(f"max_model_len={want_len}: {len_source} fits for {seqs} sequence(s) "
-                       f"({mem.gib(layout.bytes_for(want_len, seqs)):.2f} GiB of {mem.gib(usable):.2f} GiB usable KV per GPU).")
+        # Automatic context with an explicit max_num_seqs: conservative, all of them at full length,
+        # but never below the floor while one floor-length sequence fits (vLLM's own rule).
+        fit = layout.max_len_for(usable, seqs)
+        fit = min(want_len, fit // CONTEXT_ROUNDING * CONTEXT_ROUNDING if fit >= CONTEXT_ROUNDING else fit)
+        max_len = max(fit, floor)
+        at_once = usable // layout.bytes_for(max_len, 1)
+        reasons.append(f"max_model_len={max_len} (shrunk from {len_source}, {want_len}): {seqs} sequences of {want_len} "
+                       f"tokens need {mem.gib(layout.bytes_for(want_len, seqs)):.2f} GiB of KV cache and GDN state per GPU "
+                       f"but only {mem.gib(usable):.2f} GiB fit {after}; {min(at_once, seqs)} sequences of {max_len} tokens "
+                       f"fit at once" + ("" if at_once >= seqs else " and the rest share the pool (vLLM preempts)")
+                       + f"; set {setting_name('max_model_len')} to keep more (vLLM needs only one full-length sequence to fit).")
+
+    # Every running sequence holds its GDN state slots; more than fit at once wait in the queue.
+    per_running = layout.state_bytes_per_seq() + layout.attention_groups * layout.pool_block_bytes
+    running_cap = usable // per_running if per_running else seqs
+    if running_cap < seqs:
+        reasons.append(f"at most {running_cap} of the {seqs} sequences can run at once: each holds "
+                       f"{mem.gib(per_running) * 1024:.0f} MiB of GDN state and its first KV block per GPU in the "
+                       f"{mem.gib(usable):.2f} GiB pool; vLLM queues the rest.")
 
     # Settle batched tokens (vLLM needs >= max_num_seqs x decode tokens) and recompute the budget exactly.
     need_batched = seqs * (1 + num_spec)
     if mnbt < need_batched:
         if not mnbt_auto:
-            raise UsageError(f"TURINGBOX_MAX_NUM_BATCHED_TOKENS {mnbt} is below max_num_seqs x (1 + MTP) = {need_batched}.")
+            raise UsageError(f"{setting_name('max_num_batched_tokens')} {mnbt} is below max_num_seqs x (1 + MTP) = "
+                             f"{seqs} x {1 + num_spec} = {need_batched}, the decode tokens of one step.")
         mnbt = mem.cdiv(need_batched, 256) * 256
     if mnbt_auto and lowered_from:
         reasons.append(f"max_num_batched_tokens={mnbt}: lowered from {lowered_from} so the prefill activation "
@@ -252,7 +334,9 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
         "kv_cache_bytes": int(kv_avail),
         "kv_cache_tokens": layout.tokens_in(kv_avail, max_len),
         "kv_safety_margin_gib": mem.gib(margin),
-        "kv_needed_gib": mem.gib(layout.bytes_for(max_len, seqs)),
+        # vLLM's start condition: one max_model_len sequence (KV blocks + GDN state slots).
+        "kv_needed_gib": mem.gib(layout.bytes_for(max_len, 1)),
+        "kv_all_seqs_at_max_len_gib": mem.gib(layout.bytes_for(max_len, seqs)),
         "kv_bytes_per_token": round(layout.kv_bytes_per_token(), 1),
         "gdn_state_per_seq_gib": mem.gib(layout.state_bytes_per_seq()),
         "num_gpu_blocks": int(kv_avail // layout.pool_block_bytes),
@@ -279,7 +363,7 @@ VISION_PROFILE_MIB = 1024
 @dataclass
 class Candidate:
     kind: tuple
-    gpus: list[Gpu]       # the chosen tp GPUs, PCI order
+    gpus: list[Gpu]       # the chosen tp x dp GPUs, PCI order (replica r: gpus[r*tp:(r+1)*tp])
     group: list[Gpu]      # all GPUs of this kind
     tp: int
     tp_reason: str
@@ -287,13 +371,39 @@ class Candidate:
     mtp_reason: str
     rules: archmod.ArchRules
     sizing: Sizing
-    why_not_all: str = ""     # why TP does not use every GPU of the group
+    why_not_all: str = ""     # why TP x DP does not use every GPU of the group
+    dp: int = 1
+    dp_reason: str = ""
 
 
-def _choose_gpus(group: list[Gpu], tp: int) -> list[Gpu]:
+def _choose_gpus(group: list[Gpu], count: int) -> list[Gpu]:
     # Most free memory first (a desktop may use one card), then PCI order.
     ranked = sorted(group, key=lambda g: (-g.memory_free_mib, pci_sort_key(g)))
-    return sorted(ranked[:tp], key=pci_sort_key)
+    return sorted(ranked[:count], key=pci_sort_key)
+
+
+def _build(group: list[Gpu], model: ModelConfig, s: Mapping[str, Any], include_vision: bool, tp: int,
+           dp: int) -> tuple[list[Gpu], int, str, archmod.ArchRules, Sizing]:
+    chosen = _choose_gpus(group, tp * dp)
+    num_spec, mtp_reason = archmod.mtp_depth(chosen[0], tp, model.has_mtp, s["mtp"])
+    quantized = model.quantization is not None and model.quantization.bits < 16
+    rules = archmod.rules_for(chosen[0], tp, num_spec, model.torch_dtype, quantized, s)
+    sizing = size_memory(chosen, model, tp, num_spec, rules, s, include_vision, dp)
+    return chosen, num_spec, mtp_reason, rules, sizing
+
+
+def _smaller_fit(group: list[Gpu], model: ModelConfig, s: Mapping[str, Any], include_vision: bool, tp: int,
+                 max_len: int) -> tuple | None:
+    """The smallest legal TP below `tp` that keeps max_model_len (DP replicas then fill the group)."""
+    n = len(group)
+    for t in sorted(legal_tps(model, tp - 1)) if tp > 1 else []:
+        try:
+            built = _build(group, model, s, include_vision, t, n // t)
+        except UsageError:       # PlanError included: does not fit at this width
+            continue
+        if built[4].max_model_len >= max_len:
+            return t, n // t, built
+    return None
 
 
 def _candidate(group: list[Gpu], model: ModelConfig, s: Mapping[str, Any], include_vision: bool) -> Candidate:
@@ -302,10 +412,10 @@ def _candidate(group: list[Gpu], model: ModelConfig, s: Mapping[str, Any], inclu
     if s["tensor_parallel_size"] is not None:
         tp = int(s["tensor_parallel_size"])
         if tp > n:
-            raise UsageError(f"--tensor-parallel-size/TURINGBOX_TP {tp} asks for more GPUs than the {n} identical {kind_text} visible.")
+            raise UsageError(f"{setting_name('tensor_parallel_size')} {tp} asks for more GPUs than the {n} identical {kind_text} visible.")
         problem = tp_problem(model, tp)
         if problem:
-            raise UsageError(f"--tensor-parallel-size/TURINGBOX_TP {tp} cannot split the model: {problem}.")
+            raise UsageError(f"{setting_name('tensor_parallel_size')} {tp} cannot split the model: {problem}.")
         tp_reason = f"TP={tp}: set by TURINGBOX_TP/--tensor-parallel-size."
     else:
         tps = legal_tps(model, n)
@@ -318,19 +428,49 @@ def _candidate(group: list[Gpu], model: ModelConfig, s: Mapping[str, Any], inclu
         else:
             tp_reason = (f"TP={tp}: the largest count of the {n} identical {kind_text} GPUs that splits "
                          f"{head_summary(model)} legally ({tp_problem(model, tp + 1) if tp + 1 <= n else ''}).")
-    chosen = _choose_gpus(group, tp)
-    num_spec, mtp_reason = archmod.mtp_depth(chosen[0], tp, model.has_mtp, s["mtp"])
-    quantized = model.quantization is not None and model.quantization.bits < 16
-    rules = archmod.rules_for(chosen[0], tp, num_spec, model.torch_dtype, quantized, s)
-    sizing = size_memory(chosen, model, tp, num_spec, rules, s, include_vision)
-    if tp == n:
+    objective = str(s.get("objective") or "latency")
+    strict = bool(s["strict_warmup"])
+    dp = 1
+    dp_reason = ""
+    built = None
+    if s["tensor_parallel_size"] is not None:
+        if objective == "throughput" and n // tp > 1 and not (strict and DP_NEEDS_STRICT_WARMUP_OFF):
+            dp = n // tp
+            dp_reason = (f"DP={dp}: TURINGBOX_OBJECTIVE=throughput runs {dp} replicas of the set TP={tp} on "
+                         f"{dp * tp} of the {n} GPUs, each with its own scheduler and KV cache.")
+        built = _build(group, model, s, include_vision, tp, dp)
+    else:
+        built = _build(group, model, s, include_vision, tp, 1)
+        smaller = _smaller_fit(group, model, s, include_vision, tp, built[4].max_model_len) if tp > 1 else None
+        if smaller is not None:
+            t, d, alt = smaller
+            same = (f"the model also fits in {t} GPU{'s' if t > 1 else ''} with the same max_model_len "
+                    f"{alt[4].max_model_len}")
+            if objective == "throughput" and strict and DP_NEEDS_STRICT_WARMUP_OFF:
+                dp_reason = (f"DP=1: TURINGBOX_OBJECTIVE=throughput, and {same}, but {d} replicas of TP={t} need "
+                             "TURINGBOX_STRICT_WARMUP=0: the turingbox strict warmup does not run under data "
+                             "parallelism yet.")
+            elif objective == "throughput":
+                tp_reason = (f"TP={t}: TURINGBOX_OBJECTIVE=throughput, and {same}; {d} data-parallel replicas "
+                             f"serve {d}x the sequences instead of one TP={tp} group.")
+                tp, dp, built = t, d, alt
+                dp_reason = (f"DP={d}: {d} replicas of TP={t} on {t * d} of the {n} GPUs (--data-parallel-size), "
+                             "each with its own scheduler, max_num_seqs and KV cache.")
+            else:
+                dp_reason = (f"DP=1: TURINGBOX_OBJECTIVE=latency (the default) keeps one TP={tp} group for the "
+                             f"fastest single stream; {same}, so TURINGBOX_OBJECTIVE=throughput would run {d} "
+                             f"replicas of TP={t} instead.")
+    chosen, num_spec, mtp_reason, rules, sizing = built
+    used = tp * dp
+    if used == n:
         why = ""
     elif s["tensor_parallel_size"] is not None:
         why = "TP was set by TURINGBOX_TP"
     else:
         why = f"TP={n} is illegal: {tp_problem(model, n)}"
     return Candidate(kind=group[0].kind, gpus=chosen, group=group, tp=tp, tp_reason=tp_reason,
-                     num_spec=num_spec, mtp_reason=mtp_reason, rules=rules, sizing=sizing, why_not_all=why)
+                     num_spec=num_spec, mtp_reason=mtp_reason, rules=rules, sizing=sizing, why_not_all=why,
+                     dp=dp, dp_reason=dp_reason)
 
 
 def _excluded(all_gpus: Sequence[Gpu], chosen: Candidate, unsupported: dict[str, str],
@@ -342,7 +482,7 @@ def _excluded(all_gpus: Sequence[Gpu], chosen: Candidate, unsupported: dict[str,
         if g.uuid in unsupported:
             reason = unsupported[g.uuid]
         elif g.kind == chosen.kind:
-            reason = (f"TP={chosen.tp} uses {chosen.tp} of the {len(chosen.group)} identical GPUs "
+            reason = (f"TP={chosen.tp}{f' x DP={chosen.dp}' if chosen.dp > 1 else ''} uses {chosen.tp * chosen.dp} of the {len(chosen.group)} identical GPUs "
                       f"({chosen.why_not_all}); this one had less free memory or a later PCI slot")
         else:
             reason = (f"a different kind, {g.describe()}, than the chosen TP group of {chosen.gpus[0].describe()}: "
@@ -384,9 +524,20 @@ def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Map
     candidates: list[Candidate] = []
     failures: dict[tuple, BaseException] = {}
     tp_override = s["tensor_parallel_size"]
+    if s["objective"] not in OBJECTIVES:
+        raise UsageError(f"--objective/TURINGBOX_OBJECTIVE {s['objective']!r} is invalid: must be one of "
+                         f"{', '.join(OBJECTIVES)}.")
+    if tp_override is not None and len(groups) > 1 and all(int(tp_override) > len(g) for g in groups.values()):
+        kinds = " and ".join(f"{len(g)}x {g[0].describe()}" for g in sorted(groups.values(), key=len, reverse=True))
+        biggest = max(groups.values(), key=len)
+        fallback = legal_tps(model, len(biggest))
+        raise UsageError(f"{setting_name('tensor_parallel_size')} {tp_override} needs {tp_override} identical GPUs, "
+                         f"but the visible ones are {kinds}, and one TP group never mixes kinds"
+                         + (f"; the widest legal TP on the {len(biggest)} {biggest[0].name} is {fallback[0]}" if fallback else "")
+                         + ".")
     for kind, group in groups.items():
         if tp_override is not None and int(tp_override) > len(group) and len(groups) > 1:
-            failures[kind] = UsageError(f"only {len(group)} GPU(s) of this kind")
+            failures[kind] = UsageError(f"only {len(group)} GPU(s) of the kind {group[0].describe()}")
             continue
         try:
             candidates.append(_candidate(group, model, s, include_vision))
@@ -396,7 +547,9 @@ def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Map
         # Report the failure of the biggest group (the one most likely meant).
         biggest = max(groups, key=lambda k: (len(groups[k]), k[2]))
         raise failures[biggest]
-    best = max(candidates, key=lambda c: (c.tp, c.sizing.memory["kv_cache_gib"], c.gpus[0].sm))
+    # latency: the widest TP group; throughput: the most GPUs in use (TP x DP).
+    width = (lambda c: c.tp * c.dp) if s["objective"] == "throughput" else (lambda c: c.tp)
+    best = max(candidates, key=lambda c: (width(c), c.sizing.memory["kv_cache_gib"], c.gpus[0].sm))
     failed_text = {k: str(e).rstrip(".") for k, e in failures.items()}
     excluded = hidden + _excluded(gpus, best, unsupported, failed_text)
     return _assemble(best, model, s, software, excluded)
@@ -407,10 +560,16 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
     r, z = c.rules, c.sizing
     gpu = c.gpus[0]
     reasons = [c.tp_reason]
+    if c.dp_reason:
+        reasons.append(c.dp_reason)
     if excluded:
         reasons.append(f"Left out {len(excluded)} GPU(s): " + "; ".join(
             f"GPU {e['index']} ({e['uuid'][:12]}) {e['reason']}" for e in excluded) + ".")
     reasons.append(c.mtp_reason)
+    refused = list(MTP_REFUSED_PARAMETERS) if c.num_spec else []
+    if refused:
+        reasons.append(f"MTP cost: vLLM 0.21 answers 400 to requests that set {' or '.join(refused)} while speculative "
+                       f"decoding is on; TURINGBOX_MTP=0 (--mtp 0) accepts them at the cost of decode speed.")
     reasons += r.reasons
     quant = model.quantization.method if model.quantization and model.quantization.bits < 16 else None
     if quant:
@@ -443,6 +602,7 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
     args = ["serve", model.path,
             "--served-model-name", served,
             "--tensor-parallel-size", str(c.tp),
+            *(["--data-parallel-size", str(c.dp)] if c.dp > 1 else []),
             "--dtype", r.dtype,
             "--max-model-len", str(z.max_model_len),
             "--max-num-seqs", str(z.max_num_seqs),
@@ -485,7 +645,10 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
 
     plan: dict[str, Any] = {
         "tensor_parallel_size": c.tp,
+        "data_parallel_size": c.dp,
+        "objective": s["objective"],
         "num_speculative_tokens": c.num_spec,
+        "mtp_refused_parameters": refused,
         "gpu_memory_utilization": z.gpu_memory_utilization,
         "max_model_len": z.max_model_len,
         "max_num_seqs": z.max_num_seqs,
@@ -508,6 +671,7 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
         "model": model.path,
         "served_model_name": served,
         "demo": model.is_demo,
+        "demo_fallback": None,           # set by the command layer when a smaller demo variant was used
         "memory": z.memory,
         "plugin": plugin,
         "env": {
