@@ -257,6 +257,18 @@ class Handler(BaseHTTPRequestHandler):
             self._error_then_close(500, "EngineCore encountered an issue (fake).", "InternalServerError")
             return
         refused = self._refusal(body)
+        if refused is not None and body.get("stream") and refused[1] == SPEC_DECODE_REFUSAL:
+            # vLLM validates sampling parameters inside a stream's generator: 200, then one error event.
+            event("request", id=0, path=path, refused=refused[0], stream=True)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            err = {"error": {"message": refused[1], "type": "BadRequestError", "param": None, "code": 400}}
+            self._chunk(b"data: " + json.dumps(err).encode() + b"\n\n")
+            self._chunk(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+            return
         if refused is not None:
             event("request", id=0, path=path, refused=refused[0])
             self._error_then_close(refused[0], refused[1], "BadRequestError")
@@ -266,7 +278,9 @@ class Handler(BaseHTTPRequestHandler):
         try:
             n = int(body.get("max_tokens") or body.get("max_completion_tokens") or O["chunks"])
         except (TypeError, ValueError):
-            self._error_then_close(400, "max_tokens: Input should be a valid integer", "BadRequestError")
+            # vLLM's pydantic 400 echoes the whole request as the error's input: it can be large.
+            self._error_then_close(400, "1 validation error: max_tokens: Input should be a valid integer "
+                                        f"[input_value={json.dumps(body)}]", "BadRequestError")
             return
         stream = bool(body.get("stream"))
         event("request", id=rid, path=path, query=query, stream=stream, chunks=n, bytes=len(raw),

@@ -367,7 +367,8 @@ def assert_unplannable_start_exits_2(s: Serve, sentence: str) -> None:
 
 def test_no_gpu_exits_2_with_the_sentence_after_liveness_503(serve_factory):
     s = serve_factory(gpus_json=NO_GPUS, split_stderr=True, env={"TURINGBOX_EXIT_LINGER_SECONDS": "3"})
-    assert_unplannable_start_exits_2(s, "no GPU is visible; turingbox needs at least one NVIDIA GPU.")
+    assert_unplannable_start_exits_2(s, "lists no GPU (an empty list); add inventory entries to it, or unset it "
+                                        "to read the GPUs through NVML.")
 
 
 def test_model_that_does_not_fit_exits_2_with_the_sentence(serve_factory, tmp_path):

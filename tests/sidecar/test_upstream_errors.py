@@ -7,6 +7,8 @@ connection answers the next user's request with 502 (seen on the GPU: 20 of 20 p
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sidecar_harness import Serve
@@ -87,3 +89,27 @@ def test_pooled_connection_closed_under_the_proxy_is_retried(serve_factory):
         r = s.client.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 2})
         assert r.status_code == 200, (i, r.text)
     assert 'turingbox_upstream_errors_total{kind="retried"}' in s.metrics()
+
+
+def test_spec_decode_refusal_in_a_stream_names_the_remedy(server):
+    """With stream=true vLLM answers 200 and refuses in the first SSE event."""
+    r = server.client.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 2, "min_p": 0.05,
+                                                    "stream": True})
+    assert r.status_code == 200
+    first = r.text.split("\n\n")[0]
+    assert first.startswith("data: ")
+    err = json.loads(first[len("data: "):])["error"]
+    assert err["message"].startswith("The min_p and logit_bias") and "TURINGBOX_MTP=0" in err["message"]
+
+
+def test_large_error_body_passes_whole(server):
+    """A 400 that echoes a large request (vLLM's pydantic errors do) arrives complete, then the next request works.
+
+    Seen on the GPU: the proxy read at most 64 KiB of an error body and sent it under the full Content-Length."""
+    prompt = ("x" * 250 + " ") * 2000                        # ~500 KB echoed back, 2000 words
+    r = server.client.post("/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": "many"})
+    assert r.status_code == 400
+    assert int(r.headers["content-length"]) == len(r.content) > 100_000
+    assert "Input should be a valid integer" in r.json()["error"]["message"]
+    good = server.client.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 2})
+    assert good.status_code == 200

@@ -118,9 +118,22 @@ _CONNECT_ERRORS = (httpcore.ConnectError, httpcore.ConnectTimeout, ConnectionRef
 _RETRY_ERRORS = (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError, ConnectionResetError,
                  BrokenPipeError)
 # vLLM 0.21's refusal of sampling parameters under speculative decoding (sampling_params.py,
-# _validate_spec_decode): the sidecar adds the appliance's remedy to the message.
-_SPEC_DECODE_REFUSAL = b"not yet supported with speculative decoding"
-_MAX_ERROR_BODY = 64 * 1024
+# _validate_spec_decode), as a 400 body or, for a stream, an SSE error event after 200: the sidecar
+# appends the appliance's remedy to the sentence (plain text without quotes: valid inside the JSON string).
+_SPEC_DECODE_REFUSAL = b"not yet supported with speculative decoding."
+_MAX_ERROR_BODY = 64 * 1024          # error bodies rewritten whole; larger ones (echoed input) pass as they are
+
+
+def _spec_remedy(spec: int) -> bytes:
+    return (f" turingbox turned on MTP speculative decoding ({spec} draft tokens); restart with TURINGBOX_MTP=0 "
+            f"(or --mtp 0) to use min_p and logit_bias.").encode()
+
+
+def _content_length(headers: list) -> int | None:
+    for k, v in headers:
+        if k.lower() == b"content-length":
+            return int(v) if v.isdigit() else None
+    return None
 # vLLM's uvicorn closes idle keep-alive connections after 5 s: retire ours before that, so a request
 # is never written into a connection the server is closing at the same moment.
 UPSTREAM_KEEPALIVE_S = 4.0
@@ -550,23 +563,18 @@ class Sidecar:
             with contextlib.suppress(*UPSTREAM_ERRORS):
                 await stream.aclose()
 
-    async def _error_answer(self, upstream: httpcore.Response, headers: list) -> tuple[list, bytes | None]:
-        """An error answer read whole (it is small); vLLM's spec-decode refusal gets the remedy added."""
+    def _spec_depth(self) -> int:
+        return int((self.state.plan or {}).get("num_speculative_tokens") or 0)
+
+    async def _error_answer(self, upstream: httpcore.Response, headers: list, spec: int) -> tuple[list, bytes]:
+        """A small 400 read whole; vLLM's spec-decode refusal gets the remedy added."""
         body = b""
         async for chunk in upstream.aiter_stream():
             body += chunk
-            if len(body) > _MAX_ERROR_BODY:
-                return headers, body          # not an error message vLLM writes: pass through as is
-        spec = (self.state.plan or {}).get("num_speculative_tokens") or 0
-        if upstream.status == 400 and spec and _SPEC_DECODE_REFUSAL in body:
-            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
-                payload = json.loads(body)
-                payload["error"]["message"] = (
-                    payload["error"]["message"].rstrip() + f" turingbox turned on MTP speculative decoding "
-                    f"({spec} draft tokens); restart with TURINGBOX_MTP=0 (or --mtp 0) to use min_p and logit_bias.")
-                body = json.dumps(payload).encode()
-                headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
-                headers.append((b"content-length", str(len(body)).encode()))
+        if _SPEC_DECODE_REFUSAL in body:
+            body = body.replace(_SPEC_DECODE_REFUSAL, _SPEC_DECODE_REFUSAL + _spec_remedy(spec), 1)
+            headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
         return headers, body
 
     async def _exchange(self, request: httpcore.Request, scope, receive, send, route: str, t0: float) -> str:
@@ -594,30 +602,32 @@ class Sidecar:
             headers = [(k, v) for k, v in upstream.headers if k.lower() not in _DROP_RESPONSE_B]
             content_type = next((v for k, v in upstream.headers if k.lower() == b"content-type"), b"")
             is_sse = content_type.startswith(b"text/event-stream")
-            if upstream.status >= 400:      # its connection is retired in `finally`
-                if not is_sse:
-                    reading = asyncio.create_task(self._error_answer(upstream, headers))
-                    await asyncio.wait({reading, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-                    if not reading.done():
-                        reading.cancel()
-                        await asyncio.gather(reading, return_exceptions=True)
-                        m.client_disconnects.inc()
-                        return "499"
-                    try:
-                        headers, body = reading.result()
-                    except UPSTREAM_ERRORS as exc:
-                        m.upstream_errors.labels("broken_stream").inc()
-                        await _send_json(send, 502, _error_body(502, f"the model server broke off its error answer "
-                                                                     f"({type(exc).__name__}).", "upstream_error"))
-                        return "502"
-                    m.first_byte.labels(route).observe(time.perf_counter() - t0)
-                    await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
-                    await send({"type": "http.response.body", "body": body, "more_body": False})
-                    return str(upstream.status)
+            spec = self._spec_depth()
+            length = _content_length(headers)
+            # (An error answer's connection is retired in `finally`.)
+            if upstream.status == 400 and spec and not is_sse and length is not None and length <= _MAX_ERROR_BODY:
+                reading = asyncio.create_task(self._error_answer(upstream, headers, spec))
+                await asyncio.wait({reading, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+                if not reading.done():
+                    reading.cancel()
+                    await asyncio.gather(reading, return_exceptions=True)
+                    m.client_disconnects.inc()
+                    return "499"
+                try:
+                    headers, body = reading.result()
+                except UPSTREAM_ERRORS as exc:
+                    m.upstream_errors.labels("broken_stream").inc()
+                    await _send_json(send, 502, _error_body(502, f"the model server broke off its error answer "
+                                                                 f"({type(exc).__name__}).", "upstream_error"))
+                    return "502"
+                m.first_byte.labels(route).observe(time.perf_counter() - t0)
+                await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return str(upstream.status)
             if is_sse:
                 headers.append((b"x-accel-buffering", b"no"))
             await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
-            pump = asyncio.create_task(self._pump(upstream, send, is_sse, route, t0))
+            pump = asyncio.create_task(self._pump(upstream, send, is_sse, route, t0, spec if is_sse else 0))
             await asyncio.wait({pump, disconnected}, return_when=asyncio.FIRST_COMPLETED)
             if not pump.done():                    # client went away mid-response: stop vLLM's work
                 pump.cancel()
@@ -640,7 +650,8 @@ class Sidecar:
                 with contextlib.suppress(*UPSTREAM_ERRORS):
                     await conn.aclose()
 
-    async def _pump(self, upstream: httpcore.Response, send, is_sse: bool, route: str, t0: float) -> None:
+    async def _pump(self, upstream: httpcore.Response, send, is_sse: bool, route: str, t0: float,
+                    spec: int = 0) -> None:
         m = self.metrics
         first = True
         try:
@@ -648,6 +659,8 @@ class Sidecar:
                 if first:
                     m.first_byte.labels(route).observe(time.perf_counter() - t0)
                     first = False
+                    if spec and _SPEC_DECODE_REFUSAL in chunk:   # vLLM refuses a stream in its first event
+                        chunk = chunk.replace(_SPEC_DECODE_REFUSAL, _SPEC_DECODE_REFUSAL + _spec_remedy(spec), 1)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UPSTREAM_ERRORS as exc:
             m.upstream_errors.labels("broken_stream").inc()
