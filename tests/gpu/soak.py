@@ -115,6 +115,8 @@ class Soak:
         self.out_f = None
         self.seed = args.seed
         self.started = 0
+        self.gone_since: float | None = None   # the server stopped answering (connection refused, 503 dead)
+        self.aborted: str | None = None
 
     # -- server facts
 
@@ -218,6 +220,12 @@ class Soak:
         if "total_s" in rec:
             return
         rec["total_s"] = round(time.time() - t_start, 4)
+        dead = (not rec.get("status") and rec.get("error_class") in ("ConnectError", "RemoteProtocolError")) or \
+            (rec.get("status") == 503 and "exited" in str(rec.get("error", "")))
+        if dead:
+            self.gone_since = self.gone_since or time.time()
+        elif rec.get("status"):
+            self.gone_since = None
         rec["jit_at_end"] = self.jit_last
         rec["body"] = G.stored_body(req) if req.raw is None else None
         if req.raw is not None:
@@ -345,8 +353,15 @@ class Soak:
 
     # -- the run
 
+    GONE_S = 15.0      # a server that answered nothing for this long is dead: stop and say so
+
     def should_stop(self) -> bool:
         el = time.time() - self.t0
+        if self.gone_since is not None and time.time() - self.gone_since > self.GONE_S:
+            if self.aborted is None:
+                self.aborted = f"the server stopped answering {el - (time.time() - self.gone_since):.1f} s into the soak"
+                log(f"aborting: {self.aborted}")
+            return True
         return el >= self.a.duration and self.started >= self.a.min_requests
 
     async def worker(self, gen: G.SoakGen, lock: asyncio.Lock, wid: int) -> None:
@@ -399,7 +414,7 @@ class Soak:
         summary = summarize(self.records, self.jit_samples, {
             "tag": a.tag, "url": self.url, "seed": a.seed, "argv": sys.argv, "server": info,
             "calibration": cal.__dict__, "duration_s": round(time.time() - self.t0, 1),
-            "hard_stop": hard_stop, "max_inflight": self.max_inflight, "first_check": first,
+            "hard_stop": hard_stop, "aborted": self.aborted, "max_inflight": self.max_inflight, "first_check": first,
             "jsonl": os.path.basename(jsonl)})
         with open(os.path.join(a.out, f"soak-{a.tag}.json"), "w") as f:
             json.dump(summary, f, indent=1)
@@ -467,7 +482,7 @@ def summarize(records: list[dict], jit_samples: list[dict], meta: dict) -> dict:
         notes.append(f"{sum(stream_err.values())} 200 streams with an error: {dict(stream_err)}")
     return {
         **meta,
-        "ok": n5 == 0 and delta == 0,
+        "ok": n5 == 0 and delta == 0 and not meta.get("aborted"),
         "not_ok_reasons": reasons,
         "notes": notes,
         "requests": len(records),
