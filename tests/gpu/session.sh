@@ -139,7 +139,7 @@ for phase in "$@"; do
               timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo --phase soak64 --gpus $one,$one \
                 --cache /tmp/tbsoak-seeded --plain-cache /tmp/tbsoak-plain --out $R --no-decode --ready-limit 900 \
                 --env TURINGBOX_GPU_MEMORY_UTILIZATION=0.55 --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
-                --tb-after="touch /tmp/session/soak64.serving; python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; $(soak_gate serving)" \
+                --tb-after="touch /tmp/session/soak64.serving; python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)" \
                 --after='touch /tmp/session/soak64.plain-serving; python3 tests/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:$PLAIN_PORT --out $OUT > $OUT/replay-soak64.txt 2>&1'
               touch /tmp/session/soak64.plain-serving
               python3 tests/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
@@ -151,7 +151,7 @@ for phase in "$@"; do
               timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo-awq --phase soakawq --gpus $one,$one \
                 --skip-plain --cache /tmp/tbsoak-awq --out $R --no-decode --ready-limit 900 --port-offset 30 \
                 --env TURINGBOX_GPU_MEMORY_UTILIZATION=0.33 --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
-                --after="touch /tmp/session/soakawq.serving; python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soakawq > \$OUT/soak-soakawq.txt 2>&1; $(soak_gate plain-serving)"
+                --after="touch /tmp/session/soakawq.serving; python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soakawq > \$OUT/soak-soakawq.txt 2>&1; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soakawq.json > \$OUT/jit-report-soakawq.txt 2>&1; $(soak_gate plain-serving)"
               touch /tmp/session/soakawq.serving
               python3 tests/gpu/soak.py --verdict --tag soakawq --out $R --log turingbox-soakawq.log > $R/verdict-soakawq.txt 2>&1 ;;
     *)        echo "unknown phase $phase" ;;
