@@ -277,6 +277,9 @@ class Handler(BaseHTTPRequestHandler):
         chat = path.endswith("chat/completions")
         try:
             n = int(body.get("max_tokens") or body.get("max_completion_tokens") or O["chunks"])
+            if n < 1:
+                self._error_then_close(400, f"max_tokens must be at least 1, got {n}.", "BadRequestError")
+                return
         except (TypeError, ValueError):
             # vLLM's pydantic 400 echoes the whole request as the error's input: it can be large.
             self._error_then_close(400, "1 validation error: max_tokens: Input should be a valid integer "
