@@ -72,9 +72,12 @@ def _stub(value: Any) -> tuple[Any, Any]:
     if hasattr(value, "data_ptr") and hasattr(value, "dtype"):
         aligned = value.data_ptr() % 16 == 0
         return TensorStub(value.dtype, aligned), ("tensor", str(value.dtype), aligned)
-    if isinstance(value, tuple) and all(not hasattr(v, "data_ptr") for v in value):
-        return value, ("tuple", repr(value))
-    return value, ("object", type(value).__name__, id(value))
+    if isinstance(value, tuple):
+        parts = [_stub(v) for v in value]
+        return tuple(p[0] for p in parts), ("tuple",) + tuple(p[1] for p in parts)
+    # Anything else (a tensor descriptor, a callable) is kept as passed: described by its type only, so
+    # that each launch does not count as a new shape.
+    return value, ("object", type(value).__name__)
 
 
 @dataclass
@@ -236,6 +239,7 @@ class LaunchRecorder:
                 report.arguments[rec.name] = [rec.param_name(p) for p in positions]
                 todo.append((rec, positions))
         before = {id(rec.fn): len(_kernel_cache(rec.fn)) for rec, _ in todo}
+        pending: list[tuple[str, dict, Any]] = []     # async compiles: (kernel, combo, FutureKernel)
         self._local.sweeping = True
         try:
             with _compile_pool():
@@ -243,15 +247,28 @@ class LaunchRecorder:
                     for args, kwargs, combo in variants(rec, positions):
                         report.variants += 1
                         try:
-                            rec.fn.run(*args, grid=None, warmup=True, **kwargs)
+                            result = rec.fn.run(*args, grid=None, warmup=True, **kwargs)
                         except Exception as exc:   # a combination the kernel cannot compile: reported, not fatal
-                            first = str(exc).splitlines()[0][:160] if str(exc) else ""
-                            report.failed.append(f"{rec.name}{combo}: {type(exc).__name__}: {first}")
+                            report.failed.append(_failure(rec.name, combo, exc))
+                            continue
+                        if hasattr(result, "future"):
+                            pending.append((rec.name, combo, result))
         finally:
             self._local.sweeping = False
+        for name, combo, future_kernel in pending:     # errors of pool compiles surface only here
+            if future_kernel.kernel is None:
+                exc = future_kernel.future.exception() if future_kernel.future.done() else None
+                report.failed.append(_failure(name, combo, exc))
         report.compiled = sum(len(_kernel_cache(rec.fn)) - before[id(rec.fn)] for rec, _ in todo)
         report.seconds = time.monotonic() - start
         return report
+
+
+def _failure(name: str, combo: dict, exc: BaseException | None) -> str:
+    if exc is None:
+        return f"{name}{combo}: not compiled"
+    first = str(exc).splitlines()[0][:160] if str(exc) else ""
+    return f"{name}{combo}: {type(exc).__name__}: {first}"
 
 
 @contextlib.contextmanager
@@ -267,8 +284,13 @@ def _compile_pool() -> Iterator[None]:
         yield
         return
     with ThreadPoolExecutor(max_workers=max(1, min(8, (os.cpu_count() or 2) - 1))) as pool:
-        with AsyncCompileMode(pool, ignore_errors=True):
-            yield
+        try:
+            with AsyncCompileMode(pool, ignore_errors=True):
+                yield
+        finally:
+            # Triton's __exit__ resets the mode only when every finalize hook returned: never leave later
+            # request-path compiles pointed at this (then shut down) pool.
+            active_mode.set(None)
 
 
 def variants(rec: KernelRecord, positions: list[Any]) -> Iterator[tuple[list, dict, dict]]:

@@ -177,6 +177,8 @@ class TuringboxWorker(Worker):
             waves_report = self._strict_warmup(summary)
         except Exception as exc:  # reported below, fatal when strict
             error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        finally:
+            self.tb_launches = None    # the recorded stand-ins are for the sweep only
         seconds = round(time.monotonic() - start, 3)
         from vllm.utils.torch_utils import set_random_seed
 

@@ -416,8 +416,9 @@ def test_vllm_gets_resolved_values_not_the_raw_turingbox_variables(serve_factory
     s.wait_ready()
     child = json.loads(dump.read_text())
     plan = s.get("/turingbox/plan").json()
-    own = {k: v for k, v in child.items() if k.startswith("TURINGBOX_")}
+    own = {k: v for k, v in child.items() if k.startswith("TURINGBOX_") and k != "TURINGBOX_PLUGIN"}
     assert own == {k: v for k, v in plan["env"].items() if k.startswith("TURINGBOX_")}, own
+    assert child["TURINGBOX_PLUGIN"] == "1"      # the plugin's own switch, no appliance setting: passed on
     assert own["TURINGBOX_RUNTIME_DIR"] == os.path.join(s.tmp, "runtime") and own["TURINGBOX_BENCHMARK_MODE"] == "0"
     assert child["SOME_OTHER_SETTING"] == "kept" and child["FAKE_VLLM_EVENTS"] == s.events_path
     assert child["CUDA_VISIBLE_DEVICES"] == plan["env"]["CUDA_VISIBLE_DEVICES"] and "VLLM_PLUGINS" not in child

@@ -50,10 +50,19 @@ VLLM_MODULE = ("-m", "vllm.entrypoints.cli.main")
 SECRET_FLAGS = ("--api-key", "--hf-token", "--ssl-keyfile-password")
 _SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL|_KEY$", re.I)
 MASK = "***"
-# The appliance's own variables: turingbox resolves them (flag > env > default) and hands vLLM only the
-# results, in its argv (--additional-config) and the plan's env. Passed on raw, the plugin in the workers
-# would read them again with its own precedence (TURINGBOX_GDN=auto made every worker refuse to start).
-OWN_ENV_PREFIX = "TURINGBOX_"
+# The appliance's own variables (every declared setting's TURINGBOX_* name): turingbox resolves them
+# (flag > env > default) and hands vLLM only the results, in its argv (--additional-config) and the plan's
+# env. Passed on raw, the plugin in the workers would read them again with its own precedence
+# (TURINGBOX_GDN=auto made every worker refuse to start). TURINGBOX_* variables that are no setting of the
+# appliance (the plugin's own TURINGBOX_GDN_LIB, TURINGBOX_PRUNE_AUTOTUNE) pass through unchanged.
+
+
+def own_variables(parent: Mapping[str, str]) -> list[str]:
+    """The variables of `parent` that name one of the appliance's declared settings."""
+    from turingbox import settings
+
+    names = {s.env_name for s in settings.REGISTRY.values()}
+    return sorted(k for k in parent if k in names)
 
 
 # ---- pure helpers ----------------------------------------------------------------------------
@@ -67,9 +76,10 @@ def vllm_argv(plan: dict, upstream_port: int, passthrough: list[str], vllm_comma
 
 def vllm_env(parent: Mapping[str, str], plan_env: Mapping[str, Any] | None,
              extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """vLLM's process environment: the parent's without any TURINGBOX_* variable, then the plan's env
+    """vLLM's process environment: the parent's without the appliance's own settings, then the plan's env
     (the resolved values; None unsets a variable, e.g. VLLM_PLUGINS), then extra (the cache paths)."""
-    env = {k: v for k, v in parent.items() if not k.startswith(OWN_ENV_PREFIX)}
+    own = set(own_variables(parent))
+    env = {k: v for k, v in parent.items() if k not in own}
     for k, v in (plan_env or {}).items():
         if v is None:
             env.pop(k, None)
@@ -501,7 +511,7 @@ class Controller:
 
         # 2. caches
         env = vllm_env(os.environ, plan.get("env"), await self._prepare_cache(plan))
-        dropped = sorted(k for k in os.environ if k.startswith(OWN_ENV_PREFIX))
+        dropped = own_variables(os.environ)
         if dropped:
             log.info("not passed to vLLM (resolved by turingbox; the plan carries the values): %s", ", ".join(dropped))
 
