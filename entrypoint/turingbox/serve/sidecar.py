@@ -113,8 +113,10 @@ def sse_error_event(message: str, status: int = 502) -> bytes:
 # What the upstream pool raises when vLLM cannot be reached or breaks an exchange off.
 UPSTREAM_ERRORS = (httpcore.NetworkError, httpcore.ProtocolError, httpcore.TimeoutException, OSError)
 _CONNECT_ERRORS = (httpcore.ConnectError, httpcore.ConnectTimeout, ConnectionRefusedError)
-# Raised before any byte of a response arrived on a pooled connection that the server had closed
-# (or was closing) under us: the request never reached vLLM's app, so it is safe to send once more.
+# Raised before any byte of a response arrived, mostly on a pooled connection that the server had closed
+# (or was closing) under us, when the request never reached vLLM's app. Sending it once more is safe even
+# when it did reach the app: uvicorn cancels a handler whose connection is gone, so vLLM aborts that
+# request, and a generation has no other side effect.
 _RETRY_ERRORS = (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError, ConnectionResetError,
                  BrokenPipeError)
 # vLLM 0.21's refusal of sampling parameters under speculative decoding (sampling_params.py,
