@@ -37,36 +37,13 @@ def compile_record(name: str, phase: str, kwargs: dict) -> dict[str, Any]:
     `=value` (a constexpr, or an annotated int equal to 1: the same binary on disk, a new in-memory
     key, so a compile event). jit_report compares these.
     """
-    rec: dict[str, Any] = {"kernel": name, "phase": phase, "t": round(time.time(), 3)}
     fn = getattr(kwargs.get("fn"), "jit_function", None)
     names = [p.name for p in getattr(fn, "params", [])]
     specialization, options = _split_key(kwargs.get("key"))
-    if specialization is not None and len(specialization) == len(names):
-        rec["params"] = {n: _spec_text(sp) for n, sp in zip(names, specialization)}
-        rec["options"] = options[:400]
-        return rec
-    # Fallback: the compile's own signature and attributes (no in-memory-only distinctions).
-    compile_kw = kwargs.get("compile") or {}
-    try:
-        data = json.loads(compile_kw.get("specialization_data") or "{}")
-    except (TypeError, ValueError):
-        data = {}
-    signature = data.get("signature") or {}
-    names = names or list(signature)
-    constants = {tuple(k)[0] if k else None: v for k, v in zip(data.get("constant_keys") or [],
-                                                                 data.get("constant_vals") or [])}
-    attrs = {tuple(k)[0] if k else None: v for k, v in zip(data.get("attrs_keys") or [], data.get("attrs_vals") or [])}
-    params: dict[str, str] = {}
-    for i, pname in enumerate(names):
-        ty = signature.get(pname, "?")
-        if i in constants:
-            params[pname] = f"{ty}={constants[i]!r}"
-        else:
-            params[pname] = f"{ty}:{_attr_text(attrs[i])}" if attrs.get(i) else str(ty)
-    rec["params"] = params
-    opts = data.get("options") or {}
-    rec["options"] = str({k: opts.get(k) for k in ("num_warps", "num_stages", "num_ctas") if k in opts})
-    return rec
+    params = ({n: _spec_text(sp) for n, sp in zip(names, specialization)}
+              if specialization is not None and len(specialization) == len(names) else {})
+    return {"kernel": name, "phase": phase, "t": round(time.time(), 3), "params": params,
+            "options": options[:400]}
 
 
 def _split_key(key: Any) -> tuple[list | None, str]:
@@ -91,12 +68,6 @@ def _spec_text(entry: Any) -> str:
     if spec == "D":
         return f"{ty}:D"
     return f"{ty}={spec!r}"
-
-
-def _attr_text(attr: Any) -> str:
-    """Triton's parsed attribute list, e.g. [['tt.divisibility', 16]] -> 'D'."""
-    text = json.dumps(attr)
-    return "D" if "divisibility" in text else text
 
 
 class JitAccountant:

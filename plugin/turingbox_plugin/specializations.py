@@ -95,23 +95,23 @@ class KernelRecord:
             s, d = _stub(a)
             stub_args.append(s)
             desc.append(d)
-            if isinstance(a, int) and not isinstance(a, bool):
-                vals = self.values.setdefault(i, set())
-                if len(vals) < MAX_VALUES:
-                    vals.add(a)
+            self._seen(i, a)
         stub_kwargs = {}
         for k in sorted(kwargs):
             s, d = _stub(kwargs[k])
             stub_kwargs[k] = s
             desc.append((k, d))
-            v = kwargs[k]
-            if isinstance(v, int) and not isinstance(v, bool) and k in self.fn.arg_names:
-                vals = self.values.setdefault(k, set())
-                if len(vals) < MAX_VALUES:
-                    vals.add(v)
+            if k in self.fn.arg_names:         # not launch options (num_warps, ...)
+                self._seen(k, kwargs[k])
         key = tuple(desc)
         if key not in self.shapes and len(self.shapes) < MAX_SHAPES:
             self.shapes[key] = (tuple(stub_args), stub_kwargs)
+
+    def _seen(self, pos: Any, value: Any) -> None:
+        if isinstance(value, int) and not isinstance(value, bool):
+            vals = self.values.setdefault(pos, set())
+            if len(vals) < MAX_VALUES:
+                vals.add(value)
 
     def batch_dependent(self) -> list[Any]:
         """Int arguments that took more than one value, sweepable (not do_not_specialize, not constexpr, i32)."""

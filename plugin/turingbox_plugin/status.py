@@ -17,11 +17,6 @@ STAGES = ("starting", "loading", "compiling", "warming", "ready", "failed")
 _FILE_RE = re.compile(r"worker-(\d+)\.json$")
 
 
-def runtime_dir_from(settings_runtime_dir: str | None, env: dict | None = None) -> str | None:
-    env = os.environ if env is None else env
-    return settings_runtime_dir or env.get("TURINGBOX_RUNTIME_DIR") or None
-
-
 def status_path(runtime_dir: str, rank: int) -> str:
     return os.path.join(runtime_dir, f"worker-{int(rank)}.json")
 

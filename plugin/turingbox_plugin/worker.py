@@ -20,7 +20,7 @@ from vllm.v1.worker.gpu_worker import Worker
 from turingbox_plugin import __version__
 from turingbox_plugin.activation import PluginSettings, resolve_settings
 from turingbox_plugin.jit_accounting import JitAccountant
-from turingbox_plugin.status import StatusWriter, runtime_dir_from
+from turingbox_plugin.status import StatusWriter
 
 log = logging.getLogger("vllm.turingbox_plugin")
 
@@ -59,7 +59,7 @@ class TuringboxWorker(Worker):
         except ValueError as exc:
             raise _startup_fail(f"bad plugin configuration: {exc}.") from None
         s = self.tb_settings
-        runtime_dir = runtime_dir_from(s.runtime_dir)
+        runtime_dir = s.runtime_dir    # additional_config, else TURINGBOX_RUNTIME_DIR (activation.py)
         key_log = None
         if s.active and runtime_dir:
             from turingbox_plugin.jit_report import key_log_path
@@ -228,8 +228,6 @@ class TuringboxWorker(Worker):
             log.exception("turingbox strict warmup: specialization sweep failed")
             report.append({"wave": "specialization-sweep", "error": f"{type(exc).__name__}: {exc}"})
             return report
-        finally:
-            self.tb_launches = None    # drop the stand-ins
         log.info("turingbox strict warmup: specialization sweep: %d kernels with batch-dependent ints, %d variants, "
                  "%d new compiles in %.1f s%s", sweep.kernels, sweep.variants, sweep.compiled, sweep.seconds,
                  f"; {len(sweep.failed)} failed: {'; '.join(sweep.failed[:3])}" if sweep.failed else "")

@@ -516,7 +516,7 @@ def plot(records: list[dict], jit_samples: list[dict], png: str, title: str) -> 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log(f"matplotlib missing: no PNG (run `soak.py --plot JSONL` where it is installed)")
+        log("matplotlib missing: no PNG (run `soak.py --plot JSONL` where it is installed)")
         return "skipped: no matplotlib"
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(13, 8), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     colors = {"<512": "tab:blue", "512-4K": "tab:green", "4K-30K": "tab:purple", "30K+": "tab:brown"}

@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping
 import httpx
 import uvicorn
 
+from turingbox import settings
 from turingbox.errors import UsageError
 from turingbox.serve import stages
 from turingbox.serve.metrics import ServeMetrics, gpu_uuids_of
@@ -59,8 +60,6 @@ MASK = "***"
 
 def own_variables(parent: Mapping[str, str]) -> list[str]:
     """The variables of `parent` that name one of the appliance's declared settings."""
-    from turingbox import settings
-
     names = {s.env_name for s in settings.REGISTRY.values()}
     return sorted(k for k in parent if k in names)
 

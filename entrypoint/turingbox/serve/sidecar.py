@@ -126,9 +126,18 @@ _SPEC_DECODE_REFUSAL = b"not yet supported with speculative decoding."
 _MAX_ERROR_BODY = 64 * 1024          # error bodies rewritten whole; larger ones (echoed input) pass as they are
 
 
-def _spec_remedy(spec: int) -> bytes:
+def spec_remedy(plan: dict | None) -> bytes:
+    """What the sidecar appends to vLLM's spec-decode refusal: b"" when the plan runs no MTP."""
+    spec = int((plan or {}).get("num_speculative_tokens") or 0)
+    if not spec:
+        return b""
+    refused = " and ".join((plan or {}).get("mtp_refused_parameters") or ["min_p", "logit_bias"])
     return (f" turingbox turned on MTP speculative decoding ({spec} draft tokens); restart with TURINGBOX_MTP=0 "
-            f"(or --mtp 0) to use min_p and logit_bias.").encode()
+            f"(or --mtp 0) to use {refused}.").encode()
+
+
+def add_remedy(data: bytes, remedy: bytes) -> bytes:
+    return data.replace(_SPEC_DECODE_REFUSAL, _SPEC_DECODE_REFUSAL + remedy, 1) if remedy else data
 
 
 def _content_length(headers: list) -> int | None:
@@ -313,6 +322,8 @@ class Sidecar:
         self.pool = httpcore.AsyncConnectionPool(max_connections=None, max_keepalive_connections=256,
                                                  keepalive_expiry=UPSTREAM_KEEPALIVE_S)
         self._upstream: tuple[str, bytes, bytes, int] | None = None     # (url, scheme, host, port)
+        self._remedy_for: dict | None = None       # the plan _remedy_text was made for
+        self._remedy_text = b""
         self.app = self._build_app()
 
     async def __call__(self, scope, receive, send) -> None:
@@ -565,19 +576,22 @@ class Sidecar:
             with contextlib.suppress(*UPSTREAM_ERRORS):
                 await stream.aclose()
 
-    def _spec_depth(self) -> int:
-        return int((self.state.plan or {}).get("num_speculative_tokens") or 0)
+    def _remedy(self) -> bytes:
+        plan = self.state.plan
+        if self._remedy_for is not plan:           # the plan is set once per start
+            self._remedy_for, self._remedy_text = plan, spec_remedy(plan)
+        return self._remedy_text
 
-    async def _error_answer(self, upstream: httpcore.Response, headers: list, spec: int) -> tuple[list, bytes]:
+    async def _error_answer(self, upstream: httpcore.Response, headers: list, remedy: bytes) -> tuple[list, bytes]:
         """A small 400 read whole; vLLM's spec-decode refusal gets the remedy added."""
         body = b""
         async for chunk in upstream.aiter_stream():
             body += chunk
-        if _SPEC_DECODE_REFUSAL in body:
-            body = body.replace(_SPEC_DECODE_REFUSAL, _SPEC_DECODE_REFUSAL + _spec_remedy(spec), 1)
+        fixed = add_remedy(body, remedy)
+        if len(fixed) != len(body):
             headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
-            headers.append((b"content-length", str(len(body)).encode()))
-        return headers, body
+            headers.append((b"content-length", str(len(fixed)).encode()))
+        return headers, fixed
 
     async def _exchange(self, request: httpcore.Request, scope, receive, send, route: str, t0: float) -> str:
         """Send to vLLM and stream its answer back; watches for the client going away meanwhile."""
@@ -604,11 +618,11 @@ class Sidecar:
             headers = [(k, v) for k, v in upstream.headers if k.lower() not in _DROP_RESPONSE_B]
             content_type = next((v for k, v in upstream.headers if k.lower() == b"content-type"), b"")
             is_sse = content_type.startswith(b"text/event-stream")
-            spec = self._spec_depth()
-            length = _content_length(headers)
+            remedy = self._remedy()
             # (An error answer's connection is retired in `finally`.)
-            if upstream.status == 400 and spec and not is_sse and length is not None and length <= _MAX_ERROR_BODY:
-                reading = asyncio.create_task(self._error_answer(upstream, headers, spec))
+            if upstream.status == 400 and remedy and not is_sse and (_content_length(headers) or _MAX_ERROR_BODY + 1) \
+                    <= _MAX_ERROR_BODY:
+                reading = asyncio.create_task(self._error_answer(upstream, headers, remedy))
                 await asyncio.wait({reading, disconnected}, return_when=asyncio.FIRST_COMPLETED)
                 if not reading.done():
                     reading.cancel()
@@ -629,7 +643,7 @@ class Sidecar:
             if is_sse:
                 headers.append((b"x-accel-buffering", b"no"))
             await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
-            pump = asyncio.create_task(self._pump(upstream, send, is_sse, route, t0, spec if is_sse else 0))
+            pump = asyncio.create_task(self._pump(upstream, send, is_sse, route, t0, remedy if is_sse else b""))
             await asyncio.wait({pump, disconnected}, return_when=asyncio.FIRST_COMPLETED)
             if not pump.done():                    # client went away mid-response: stop vLLM's work
                 pump.cancel()
@@ -653,7 +667,7 @@ class Sidecar:
                     await conn.aclose()
 
     async def _pump(self, upstream: httpcore.Response, send, is_sse: bool, route: str, t0: float,
-                    spec: int = 0) -> None:
+                    remedy: bytes = b"") -> None:
         m = self.metrics
         first = True
         try:
@@ -661,8 +675,7 @@ class Sidecar:
                 if first:
                     m.first_byte.labels(route).observe(time.perf_counter() - t0)
                     first = False
-                    if spec and _SPEC_DECODE_REFUSAL in chunk:   # vLLM refuses a stream in its first event
-                        chunk = chunk.replace(_SPEC_DECODE_REFUSAL, _SPEC_DECODE_REFUSAL + _spec_remedy(spec), 1)
+                    chunk = add_remedy(chunk, remedy)     # vLLM refuses a stream in its first event
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UPSTREAM_ERRORS as exc:
             m.upstream_errors.labels("broken_stream").inc()
