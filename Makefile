@@ -10,7 +10,7 @@ PYTEST ?= $(PYTHON) -m pytest
 # pytest exit 5 means "no tests collected": that is a failure here, never a silent pass.
 run_pytest = $(PYTEST) $(1); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
-.PHONY: help dev up down logs plan image test test-unit test-image test-reliability lint \
+.PHONY: help dev up down logs plan image test test-unit test-deploy test-image test-reliability lint \
         warmup-cache bake bench-decode bench-prefill bench-startup verify-sm75 clean
 
 help:
@@ -38,10 +38,13 @@ image: ## build the appliance image (BASE_IMAGE=..., EXTRA_CA_CERT=path for TLS-
 	tools/ci/docker-build.sh -t $(IMAGE) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
 	  $(if $(EXTRA_CA_CERT),--build-arg EXTRA_CA_CERT_B64=$$(base64 -w0 $(EXTRA_CA_CERT))) .
 
-test: test-unit test-image test-reliability ## all tests: CPU unit/sidecar/planner/caches/plugin, the image, then reliability (its two-containers case uses the image)
+test: test-unit test-deploy test-image test-reliability ## all tests: CPU unit/sidecar/planner/caches/plugin, the image, then reliability (its two-containers case uses the image)
 
 test-unit: ## planner, inventory, sidecar, signals, caches, plugin: no GPU, no Docker
-	@$(call run_pytest,tests -m "not docker and not gpu and not slow" --ignore=tests/reliability)
+	@$(call run_pytest,tests -m "not docker and not gpu and not slow" --ignore=tests/reliability --ignore=tests/deploy)
+
+test-deploy: ## kustomize base + components rendered and validated (vendored CRD schemas), dashboard build, alert rules (promtool), metric names
+	@$(call run_pytest,tests/deploy)
 
 test-image: ## build the image on a local stand-in base and smoke-test it without a GPU; bake from a cache entry
 	@$(call run_pytest,tests/image -m docker)
@@ -53,7 +56,7 @@ test-reliability: ## load, faults, bad input and security tests of the sidecar (
 
 lint: ## hadolint, yamllint, kubernetes-validate
 	hadolint Dockerfile
-	yamllint -s compose.yaml compose.cpu.yaml deploy/kubernetes
+	yamllint -s compose.yaml compose.cpu.yaml deploy/kubernetes deploy/overlays deploy/prometheus
 	kubernetes-validate deploy/kubernetes/*.yaml
 
 warmup-cache: ## seed the cache volume by running the image on this host's GPUs (Docker SDK)

@@ -1,14 +1,28 @@
-"""Prometheus metrics of the sidecar, in a registry of its own.
+"""Prometheus metrics of the sidecar, in a registry of its own, plus vLLM's own page passed through.
 
 Proxy metrics are updated as requests pass; stage, worker (plugin) and GPU metrics are read at
 scrape time by collectors, so they never go stale and cost nothing between scrapes.
+
+`/metrics` on the public port also carries vLLM's own series (`vllm:*`, and the process_*/python_*/http_*
+series of its API server), fetched from vLLM's loopback port when the sidecar is scraped, byte for byte
+(names, labels and values unchanged), so vLLM's dashboards, KEDA/HPA on `vllm:num_requests_waiting` and the
+Inference Gateway's endpoint picker work against the one port a pod exposes. One fetch is the whole
+engine however many ranks it has: in vLLM 0.21 the workers (TP/PP ranks, on this node or others) export
+no Prometheus series; each engine core sends its stats to the API server process, whose
+PrometheusStatLogger records them with an `engine` label (one per data-parallel engine), and with several
+API server processes vLLM aggregates through PROMETHEUS_MULTIPROC_DIR, so any one of them answers for all.
+Scraping each rank would either find nothing or count the same engine twice.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
+import time
 from typing import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import httpcore
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -62,6 +76,17 @@ class ServeMetrics:
         if worker_status is not None:
             r.register(_WorkerCollector(worker_status))
         r.register(_GpuCollector(gpu_uuids or (lambda: [])))
+        self.upstream = UpstreamMetrics(r)
+
+    async def exposition(self, upstream_url: str | None = None, upstream_key: str | None = None) -> bytes:
+        """The page for /metrics: turingbox's series, then vLLM's (when its base URL is given and it answers).
+
+        vLLM is asked first so that a failed fetch is already counted on the page that lacks its series."""
+        upstream = await self.upstream.fetch(upstream_url, upstream_key) if upstream_url else None
+        own = generate_latest(self.registry)
+        if not upstream:
+            return own
+        return own + without_families(upstream, exposed_families(own))
 
 
 class _StageCollector(Collector):
@@ -177,3 +202,161 @@ class _GpuCollector(Collector):
 def gpu_uuids_of(plan: dict | None) -> list[str]:
     return [g for g in (plan or {}).get("gpus", []) if isinstance(g, str)] if plan else []
 
+
+
+# ---- vLLM's own /metrics, passed through ---------------------------------------------------------
+
+# Prometheus' own scrape timeout defaults to 10 s: a slow vLLM costs the scrape at most this, and the
+# turingbox series still come back (the endpoint picker of the Inference Gateway scrapes far more often).
+UPSTREAM_SCRAPE_TIMEOUT_S = 2.0
+UPSTREAM_MAX_BYTES = 16 * 1024 * 1024      # a real 0.21 page is ~60 KB; more means something is wrong
+_ACCEPT = b"text/plain;version=0.0.4"      # what generate_latest writes: never mix OpenMetrics into it
+
+# One line of the Prometheus text format 0.0.4: a comment, or `name{labels} value [timestamp]`.
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABELS = r'\{(?:\s*[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\\n]|\\.)*"\s*,?)*\s*\}'
+_VALUE = r"[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|[0-9]+\.|Inf|inf|NaN|nan)"
+_SAMPLE = re.compile(rf"({_NAME})\s*(?:{_LABELS})?\s+{_VALUE}(?:\s+-?[0-9]+)?\s*")
+_HEADER = re.compile(rf"#\s+(HELP|TYPE)\s+({_NAME})(?:\s.*)?")
+_TYPES = [[t] for t in ("counter", "gauge", "histogram", "summary", "untyped")]
+_TYPE_LINE = re.compile(rb"^# TYPE (\S+) ", re.M)
+
+
+class UpstreamError(Exception):
+    """Why vLLM's page was not passed through; `reason` is the counter's label."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+class UpstreamMetrics:
+    """Fetches vLLM's /metrics for one sidecar scrape; concurrent scrapes share one fetch."""
+
+    REASONS = ("connect", "timeout", "status", "invalid", "too_large", "error")
+
+    def __init__(self, registry: CollectorRegistry, timeout_s: float = UPSTREAM_SCRAPE_TIMEOUT_S,
+                 max_bytes: int = UPSTREAM_MAX_BYTES) -> None:
+        self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self.errors = Counter("turingbox_upstream_metrics_scrape_errors",
+                              "Scrapes of /metrics that came without vLLM's own series, by reason", ["reason"],
+                              registry=registry)
+        for reason in self.REASONS:       # present from the start, so rate() and alerts see the first one
+            self.errors.labels(reason)
+        self.duration = Gauge("turingbox_upstream_metrics_scrape_duration_seconds",
+                              "How long the last fetch of vLLM's /metrics took", registry=registry)
+        self._inflight: asyncio.Future | None = None
+        self._last_reason: str | None = None
+
+    async def fetch(self, base_url: str, api_key: str | None = None) -> bytes | None:
+        """vLLM's page, validated, or None (counted and logged once per change of reason)."""
+        if self._inflight is None:
+            self._inflight = asyncio.ensure_future(self._fetch_counted(base_url, api_key))
+            self._inflight.add_done_callback(self._clear)
+        # shield: a scraper that goes away must not cancel the fetch the others wait for
+        return await asyncio.shield(self._inflight)
+
+    def _clear(self, fut: asyncio.Future) -> None:
+        if self._inflight is fut:
+            self._inflight = None
+
+    async def _fetch_counted(self, base_url: str, api_key: str | None) -> bytes | None:
+        t0 = time.perf_counter()
+        try:
+            page = await asyncio.wait_for(self._get(base_url.rstrip("/") + "/metrics", api_key), self.timeout_s)
+            validate_exposition(page)
+        except UpstreamError as exc:
+            return self._failed(exc.reason, str(exc))
+        except (asyncio.TimeoutError, httpcore.TimeoutException):
+            return self._failed("timeout", f"no answer within {self.timeout_s:g} s")
+        except (httpcore.ConnectError, ConnectionRefusedError) as exc:
+            return self._failed("connect", f"cannot connect ({exc})")
+        except (httpcore.NetworkError, httpcore.ProtocolError, OSError) as exc:
+            return self._failed("error", f"{type(exc).__name__}: {exc}")
+        finally:
+            self.duration.set(time.perf_counter() - t0)
+        if self._last_reason is not None:
+            log.info("vLLM's /metrics answers again: its series are back on /metrics")
+            self._last_reason = None
+        return page
+
+    def _failed(self, reason: str, detail: str) -> None:
+        self.errors.labels(reason).inc()
+        if reason != self._last_reason:    # a scrape every few seconds must not flood the log
+            log.warning("vLLM's /metrics not passed through (%s): %s; serving turingbox's series alone",
+                        reason, detail)
+            self._last_reason = reason
+        return None
+
+    async def _get(self, url: str, api_key: str | None) -> bytes:
+        headers = [(b"accept", _ACCEPT), (b"accept-encoding", b"identity")]
+        if api_key:                       # vLLM 0.21 leaves /metrics open, but a key it was given is harmless
+            headers.append((b"authorization", b"Bearer " + api_key.encode()))
+        t = self.timeout_s
+        ext = {"timeout": {"connect": t, "read": t, "write": t, "pool": t}}
+        # A connection of its own per fetch: a scrape every few seconds does not need the proxy's pool, and
+        # must never reuse a connection vLLM is closing (see the proxy's retry notes).
+        async with httpcore.AsyncConnectionPool(max_connections=1, max_keepalive_connections=0) as pool:
+            async with pool.stream("GET", url, headers=headers, extensions=ext) as resp:
+                if resp.status != 200:
+                    raise UpstreamError("status", f"HTTP {resp.status}")
+                ctype = b""
+                for k, v in resp.headers:
+                    if k.lower() == b"content-type":
+                        ctype = v.lower()
+                if not ctype.startswith(b"text/plain"):
+                    raise UpstreamError("invalid", f"content type {ctype.decode('latin-1') or 'missing'}")
+                body = bytearray()
+                async for chunk in resp.aiter_stream():
+                    body += chunk
+                    if len(body) > self.max_bytes:
+                        raise UpstreamError("too_large", f"over {self.max_bytes} bytes")
+        return bytes(body)
+
+
+def validate_exposition(page: bytes) -> None:
+    """Refuse a page that would make Prometheus reject the whole scrape (turingbox's series with it)."""
+    if page and not page.endswith(b"\n"):
+        raise UpstreamError("invalid", "page does not end with a newline (cut off?)")
+    try:
+        text = page.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UpstreamError("invalid", f"not UTF-8 ({exc})") from None
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line:
+            continue
+        if line.startswith(("# HELP ", "# TYPE ")):
+            m = _HEADER.fullmatch(line)
+            if m is None or m.group(1) == "TYPE" and line.split()[3:] not in _TYPES:
+                raise UpstreamError("invalid", f"line {n}: malformed {line[2:6]} line {line[:80]!r}")
+        elif not line.startswith("#") and not _SAMPLE.fullmatch(line):
+            raise UpstreamError("invalid", f"line {n}: not a sample {line[:80]!r}")
+
+
+def exposed_families(page: bytes) -> set[str]:
+    """The family names a page declares with # TYPE."""
+    return {m.decode() for m in _TYPE_LINE.findall(page)}
+
+
+def without_families(page: bytes, taken: set[str]) -> bytes:
+    """`page` less the families named in `taken` and less any family it declares twice (first one kept).
+
+    A family is its # HELP/# TYPE header and the samples after it, up to the next header of another name."""
+    out: list[str] = []
+    seen: set[str] = set()
+    current: str | None = None
+    keep = True
+    for line in page.decode("utf-8").splitlines():
+        m = _HEADER.fullmatch(line) if line.startswith("# ") else None
+        if m:
+            name = m.group(2)
+            if name != current:
+                current = name
+                keep = name not in taken and name not in seen
+                seen.add(name)
+        elif line.startswith("#"):
+            continue                     # other comments (the fixture's provenance line) carry nothing
+        if keep and line:
+            out.append(line)
+    return ("\n".join(out) + "\n").encode() if out else b""

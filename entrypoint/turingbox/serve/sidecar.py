@@ -21,7 +21,7 @@ import httpcore
 from fastapi import FastAPI, Path, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from turingbox.serve import stages
 from turingbox.serve.metrics import ServeMetrics, route_label
@@ -391,7 +391,10 @@ class Sidecar:
         async def metrics(request: Request) -> Response:
             if st.options.metrics_require_key and not self.authorized(request):
                 return self.unauthorized()
-            return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+            # vLLM's own series too, fetched now from its loopback port (none before ready or once it died)
+            upstream = st.upstream_url if st.upstream_dead is None else None
+            page = await self.metrics.exposition(upstream, st.upstream_api_key)
+            return Response(page, media_type=CONTENT_TYPE_LATEST)
 
         @app.get("/turingbox/plan", summary="The plan being served (secrets removed)",
                  responses={200: {"description": "the plan (see `turingbox plan --json`)", **_JSON_OBJECT},

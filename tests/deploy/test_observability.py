@@ -1,0 +1,95 @@
+"""The Grafana dashboard is what deploy/grafana/build.py builds with grafana-foundation-sdk, the alert rules pass
+promtool (syntax and unit tests), and every series the dashboard, the alerts, KEDA and the endpoint picker read
+is one that /metrics serves: turingbox's own (metrics.py) or vLLM's (the recorded 0.21 page)."""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import subprocess
+
+import yaml
+
+from deploy_helpers import (K8S, REPO, load, need, need_module, promql_series, turingbox_series, vllm_series)
+
+GRAFANA = os.path.join(REPO, "deploy", "grafana")
+ALERTS = os.path.join(REPO, "deploy", "prometheus", "alerts.yaml")
+
+
+def build_module():
+    spec = importlib.util.spec_from_file_location("grafana_build", os.path.join(GRAFANA, "build.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def dashboard_exprs() -> list[str]:
+    with open(os.path.join(GRAFANA, "turingbox.json")) as f:
+        d = json.load(f)
+    exprs = [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
+    exprs += [v["query"].replace("label_values(", "").split(",")[0]
+              for v in d["templating"]["list"] if v["type"] == "query"]
+    return exprs
+
+
+def alert_exprs() -> list[str]:
+    with open(ALERTS) as f:
+        return [r["expr"] for g in yaml.safe_load(f)["groups"] for r in g["rules"]]
+
+
+def known() -> set[str]:
+    return turingbox_series() | vllm_series()
+
+
+def test_committed_dashboard_is_the_built_one():
+    need_module("grafana_foundation_sdk")
+    mod = build_module()
+    assert importlib.metadata.version("grafana-foundation-sdk") == mod.GRAFANA_SDK, "install the pinned SDK"
+    with open(os.path.join(GRAFANA, "turingbox.json")) as f:
+        committed = f.read()
+    assert committed == mod.render(), "deploy/grafana/turingbox.json is stale: python3 deploy/grafana/build.py"
+
+
+def test_dashboard_covers_what_operators_look_at():
+    titles = {p["title"] for p in json.load(open(os.path.join(GRAFANA, "turingbox.json")))["panels"]}
+    for t in ("Startup stage durations", "Ready", "JIT compiles after ready", "Time to first token",
+              "Inter-token latency", "Tokens per second", "KV cache usage", "Requests running and waiting",
+              "Draft acceptance rate", "GPU memory used"):
+        assert t in titles, t
+
+
+def test_every_series_queried_exists_on_metrics():
+    exprs = dashboard_exprs() + alert_exprs()
+    so = load(os.path.join(K8S, "components", "keda", "scaledobject.yaml"))[0]
+    exprs += [t["metadata"]["query"] for t in so["spec"]["triggers"]]
+    used = set().union(*(promql_series(e) for e in exprs))
+    assert {"vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:time_to_first_token_seconds_bucket",
+            "turingbox_jit_after_ready_total", "turingbox_ready"} <= used     # the extractor sees them at all
+    missing = sorted(used - known())
+    assert not missing, f"queried but not on /metrics: {missing}"
+
+
+def test_the_series_the_endpoint_picker_reads_exist():
+    # GIE's EPP defaults for vLLM (queue, KV usage; LoRA info only appears with --enable-lora)
+    assert {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+            "vllm:cache_config_info"} <= vllm_series()
+
+
+def test_the_name_check_can_fail():
+    assert promql_series('sum(rate(vllm:no_such_total{a="b"}[5m])) by (x) / turingbox_ready') == \
+        {"vllm:no_such_total", "turingbox_ready"}
+    assert "vllm:no_such_total" not in known()
+
+
+def test_alert_rules_pass_promtool():
+    promtool = need("promtool")
+    for args in (["check", "rules", ALERTS], ["test", "rules", os.path.join(REPO, "deploy", "prometheus", "alerts_test.yaml")]):
+        r = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_prometheusrule_carries_the_same_rules_as_alerts_yaml():
+    (rule,) = load(os.path.join(K8S, "components", "servicemonitor", "prometheusrule.yaml"))
+    with open(ALERTS) as f:
+        assert rule["spec"]["groups"] == yaml.safe_load(f)["groups"]
