@@ -35,6 +35,8 @@ variable FAKE_VLLM_NAME (upper case, '-' -> '_'):
                       ~20 ms later without `Connection: close`, unread bytes and all, as vLLM 0.21's uvicorn
                       does after "Exception in ASGI application" (1: the default, as vLLM behaves)
   max-model-len N     prompts longer than this (in words) get vLLM's 400 (4096)
+  metrics PAGE        recorded: GET /metrics answers a page recorded from vLLM 0.21.0 on an H200
+                      (tests/fixtures/vllm-0.21.0-metrics.txt; the default); none: 404, like a vLLM without it
 
 Like vLLM 0.21 with a --speculative-config, min_p > 0 or a logit_bias gets vLLM's 400 ("... are not yet
 supported with speculative decoding.").
@@ -57,6 +59,7 @@ DEFAULTS = {
     "die-after-chunks": "0", "exit-code": "3", "die-signal": "0", "fail-at": "", "control-dir": "",
     "events": "", "plugin": "ok", "jit-after-ready": "", "ignore-sigterm": "0", "sigterm-seconds": "0",
     "child": "0", "fail-requests": "0", "keepalive-race": "0", "close-after-error": "1", "max-model-len": "4096",
+    "metrics": "recorded",
     "keepalive-race-methods": "GET",
 }
 # vLLM 0.21's own message (sampling_params.py, _validate_spec_decode).
@@ -95,6 +98,7 @@ def parse(argv: list[str]) -> dict:
 
 
 O: dict = {}
+RECORDED_METRICS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "vllm-0.21.0-metrics.txt")
 _events_lock = threading.Lock()
 _log_lock = threading.Lock()
 _request_ids = iter(range(1, 1 << 30))
@@ -208,6 +212,14 @@ class Handler(BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()
+        elif self.path == "/metrics" and O["metrics"] == "recorded":
+            with open(RECORDED_METRICS, "rb") as f:
+                page = f.read()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
         elif self.path == "/v1/models":
             if self._authorized():
                 self._json(200, {"object": "list", "data": [

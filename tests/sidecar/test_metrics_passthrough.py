@@ -1,6 +1,6 @@
 """/metrics carries vLLM's own series next to turingbox's: the sidecar's real /metrics route in front of a real
 HTTP upstream that serves a vLLM 0.21 page (tests/fixtures/vllm-0.21.0-metrics.txt), and a real `turingbox serve`
-whose stand-in vLLM has no /metrics at all."""
+whose stand-in vLLM serves that recorded page (or, told to, none at all)."""
 from __future__ import annotations
 
 import asyncio
@@ -269,10 +269,22 @@ def test_validate_exposition_rejects_what_the_reference_parser_rejects():
     validate_exposition(b"")                       # an empty page is valid (nothing registered yet)
 
 
-# -- a real `turingbox serve` whose stand-in vLLM serves no /metrics
+# -- a real `turingbox serve` in front of the stand-in vLLM
+
+def test_serve_passes_the_recorded_vllm_page_through(serve_factory):
+    s = serve_factory()
+    s.wait_ready()
+    r = s.get("/metrics")
+    assert r.status_code == 200
+    assert 'turingbox_stage{stage="ready"} 1.0' in r.text
+    for series in ("vllm:num_requests_running{", "vllm:kv_cache_usage_perc{", "vllm:time_to_first_token_seconds_bucket{"):
+        assert series in r.text
+    assert r.text.count("# TYPE vllm:num_requests_running ") == 1
+    assert not re.search(r'^turingbox_upstream_metrics_scrape_errors_total\{[^}]*\} [1-9]', r.text, re.M)
+
 
 def test_serve_counts_a_vllm_without_metrics_and_logs_it_once(serve_factory):
-    s = serve_factory()
+    s = serve_factory(env={"FAKE_VLLM_METRICS": "none"})
     s.wait_ready()
     texts = [wait_until(lambda: (lambda r: r.status_code == 200 and r.text)(s.get("/metrics")), 10,
                         what="/metrics") for _ in range(3)]
