@@ -1,6 +1,12 @@
 # turingbox — the two commands most people need: `make up` and `make test`.
 SHELL := /bin/bash
-PYTHON ?= python3
+# `make dev` builds a virtual environment (Debian's python3 refuses `pip install` outside one, PEP 668);
+# every target uses its interpreter once it exists. PYTHON=... picks another one.
+VENV ?= .venv
+BOOTSTRAP_PYTHON ?= python3
+PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,$(BOOTSTRAP_PYTHON))
+# ... and its console scripts (hadolint, yamllint, kubectl, turingbox) for the tests' subprocesses
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= turingbox:$(VERSION)
 BASE_IMAGE ?= nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
@@ -16,9 +22,11 @@ run_pytest = $(PYTEST) $(1); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collec
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
-dev: ## install everything for development (appliance, plugin, test tools) in editable mode
-	$(PYTHON) -m pip install -e ./plugin -e '.[dev]'
-	$(PYTHON) -m pip install --no-deps -r requirements/structured-output.txt
+dev: ## a virtual environment in .venv with everything for development (appliance, plugin, test tools), editable
+	@[ -x $(VENV)/bin/python ] || $(BOOTSTRAP_PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -e ./plugin -e '.[dev]'
+	$(VENV)/bin/python -m pip install --no-deps -r requirements/structured-output.txt
+	@echo "installed in $(VENV): make test uses it; for a shell, source $(VENV)/bin/activate"
 
 up: ## build the image if needed and serve (the demo model when no model is given)
 	@docker image inspect $(IMAGE) >/dev/null 2>&1 || $(MAKE) image
@@ -32,7 +40,7 @@ logs: ## follow the service log
 	$(COMPOSE) logs -f
 
 plan: ## print the plan for this machine's GPUs (GPUS_JSON=file to simulate)
-	turingbox plan $(if $(GPUS_JSON),--gpus-json $(GPUS_JSON)) $(if $(MODEL),--model $(MODEL))
+	$(PYTHON) -m turingbox plan $(if $(GPUS_JSON),--gpus-json $(GPUS_JSON)) $(if $(MODEL),--model $(MODEL))
 
 image: ## build the appliance image (BASE_IMAGE=..., EXTRA_CA_CERT=path for TLS-intercepting proxies)
 	tools/ci/docker-build.sh -t $(IMAGE) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
@@ -66,16 +74,16 @@ bake: ## an image with a seeded cache entry inside (FROM_VOLUME=... or FROM_DIR=
 	$(PYTHON) -m turingbox_warmup.bake --image $(IMAGE) $(if $(FROM_VOLUME),--from-volume $(FROM_VOLUME)) $(if $(FROM_DIR),--from-dir $(FROM_DIR)) $(if $(GPUS_JSON),--gpus-json $(GPUS_JSON))
 
 bench-decode: ## decode tok/s against a running server (URL=http://localhost:8000)
-	turingbox bench decode --url $${URL:-http://localhost:8000} --json
+	$(PYTHON) -m turingbox bench decode --url $${URL:-http://localhost:8000} --json
 
 bench-prefill: ## TTFT vs prompt length regression against a running server, JSON + PNG
-	turingbox bench prefill --url $${URL:-http://localhost:8000} --json --plot docs/img/prefill.png
+	$(PYTHON) -m turingbox bench prefill --url $${URL:-http://localhost:8000} --json --plot docs/img/prefill.png
 
 bench-startup: ## GPU host: plain vllm serve vs turingbox serve; PHASES="empty seed seeded warm report"
 	for p in $${PHASES:-empty seed seeded warm report}; do bash bench/startup.sh $$p || exit 1; done
 
 verify-sm75: ## compile every plugin kernel for sm_75 without a GPU; registers, shared memory, spills
-	turingbox verify --compile-only --arch 7.5 --json
+	$(PYTHON) -m turingbox verify --compile-only --arch 7.5 --json
 
 clean:
-	rm -rf build dist *.egg-info plugin/build plugin/*.egg-info .pytest_cache
+	rm -rf build dist *.egg-info plugin/build plugin/*.egg-info .pytest_cache $(VENV)

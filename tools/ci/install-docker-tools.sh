@@ -22,6 +22,8 @@ command -v gcc >/dev/null || need+=(gcc)
 [ -e "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] || need+=(python3-dev)
 # Debian's own interpreter: tests/cache/python_image.py copies it into the tiny image of the bake tests
 [ -x /usr/bin/python3.11 ] || need+=(python3.11)
+# `make dev` builds a venv: Debian splits venv/ensurepip into python3-venv
+python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

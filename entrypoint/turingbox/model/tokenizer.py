@@ -10,6 +10,7 @@ everything that shapes it (`tokenizer_cache_key`) and copied from there on later
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -92,8 +93,12 @@ def build_backend_tokenizer():
 
     specials = special_tokens()
     ordered = sorted(specials.items(), key=lambda kv: kv[1])
+    # transformers 5 renamed the keyword (4.x: additional_special_tokens); an unknown one lands in **kwargs
+    # and leaves the specials None, so pick the name the installed converter declares
+    params = inspect.signature(TikTokenConverter.__init__).parameters
+    keyword = "extra_special_tokens" if "extra_special_tokens" in params else "additional_special_tokens"
     converter = TikTokenConverter(vocab_file=ranks_path(), pattern=pattern(),
-                                  extra_special_tokens=[token for token, _ in ordered])
+                                  **{keyword: [token for token, _ in ordered]})
     tok = converter.converted()
     # The package NFC-normalises before encoding; do the same so both agree on any input.
     tok.normalizer = normalizers.NFC()
