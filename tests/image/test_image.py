@@ -380,8 +380,6 @@ def test_plugin_tests_pass_inside_the_image(image):
                            timeout=600, env={**os.environ, "DOCKER_BUILDKIT": "0"})
     assert build.returncode == 0, build.stderr[-3000:]
     mounts = ["-v", f"{REPO}/tests:/src/tests:ro", "-v", f"{REPO}/pyproject.toml:/src/pyproject.toml:ro"]
-    if os.path.isdir("/work/shared/models"):
-        mounts += ["-v", "/work/shared/models:/work/shared/models:ro"]
     r = docker("run", "--rm", *mounts, "--tmpfs", "/tmp", "-w", "/src", "--entrypoint", "python3", tag,
                "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/plugin", "-m", "not gpu and not docker",
                "-o", "addopts=", check=False, timeout=900)

@@ -22,11 +22,9 @@ def _real_config() -> str:
     in_repo = os.path.join(REPO, "entrypoint", "turingbox", "data", "qwen3.6-27b.json")
     if os.path.isfile(in_repo):
         return in_repo
-    try:  # inside the image only tests/ is mounted; the installed appliance carries the same file
-        import importlib.resources
-        return str(importlib.resources.files("turingbox") / "data" / "qwen3.6-27b.json")
-    except ImportError:
-        return "/work/shared/models/qwen3.6-27b.json"
+    # inside the image only tests/ is mounted; the installed appliance carries the same file
+    import importlib.resources
+    return str(importlib.resources.files("turingbox") / "data" / "qwen3.6-27b.json")
 
 
 REAL_CONFIG = _real_config()

