@@ -11,9 +11,18 @@ LOW_END = "transformers==4.57.6"
 
 
 def test_demo_tokenizer_builds_with_transformers_4_57(tmp_path):
+    # A venv that sees this environment's packages behind its own (a .pth, since --system-site-packages
+    # would see the base interpreter's, not this venv's): pip puts only transformers 4.57 and what it
+    # pins differently in front.
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
+    inner = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(inner, "outer-environment.pth"), "w") as f:
+        # site.addsitedir, not bare paths: the editable installs are .pth finders in those directories
+        outer = [p for p in sys.path if p.endswith("-packages")]
+        f.write(f"import site; list(map(site.addsitedir, {outer!r}))\n")
     pip = subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", LOW_END],
                          capture_output=True, text=True, timeout=600)
     if pip.returncode != 0:
