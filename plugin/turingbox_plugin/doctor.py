@@ -187,32 +187,20 @@ def check_model(model_dir: str) -> Check:
                                 f"quantization {m.quantization.method if m.quantization else 'none'}")
 
 
-def check_plan(model_dir: str | None) -> Check:
-    """The MTP depth and memory the planner would pick; WARN when the appliance is absent."""
-    if importlib.util.find_spec("turingbox") is None or importlib.util.find_spec("turingbox.plan.planner") is None:
-        return Check("plan", WARN, "the turingbox appliance (planner) is not installed")
-    try:
-        from turingbox import settings as tb_settings
-        from turingbox.gpus.inventory import read_inventory
-        from turingbox.plan.command import PLAN_SETTINGS
-        from turingbox.plan.planner import make_plan
-        from turingbox_plugin.model_config import load_model_config
-        from turingbox_warmup.fingerprint import software_versions
-    except ImportError as exc:
-        return Check("plan", WARN, f"planner not importable ({exc})")
-    if not model_dir:
-        return Check("plan", WARN, "no MODEL given; pass a model directory to see the plan")
-    try:
-        inventory = read_inventory(None, os.environ)
-        gpus = getattr(inventory, "gpus", inventory)
-        values = tb_settings.resolve(PLAN_SETTINGS, None)
-        plan = make_plan(gpus, load_model_config(model_dir), values, software_versions())
-    except Exception as exc:  # the planner's own errors are one sentence already
-        return Check("plan", FAIL, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    mem = plan.get("memory") or {}
-    return Check("plan", PASS, f"TP {plan.get('tensor_parallel_size')}, MTP {plan.get('num_speculative_tokens')}, "
-                               f"KV {plan.get('kv_cache_dtype')}, KV pool {mem.get('kv_cache_gib')} GiB/rank, "
-                               f"max_model_len {plan.get('max_model_len')}")
+# Checks that need more than the plugin (the appliance's planner) come in through this entry-point group:
+# each entry is a function (model_dir) -> Check, so the plugin imports nothing of the appliance.
+EXTRA_CHECKS_GROUP = "turingbox_plugin.doctor_checks"
+
+
+def extra_checks() -> list[tuple[str, Callable[[str | None], Check]]]:
+    from importlib.metadata import entry_points
+    out = []
+    for ep in entry_points(group=EXTRA_CHECKS_GROUP):
+        try:
+            out.append((ep.name, ep.load()))
+        except Exception as exc:  # a broken extension is its own WARN line
+            out.append((ep.name, lambda _m, exc=exc: Check(ep.name, WARN, f"not loadable ({exc})")))
+    return out
 
 
 def run_checks(model_dir: str | None = None) -> list[Check]:
@@ -223,7 +211,7 @@ def run_checks(model_dir: str | None = None) -> list[Check]:
     ]
     if model_dir:
         checks.append(("model", lambda: check_model(model_dir)))
-    checks.append(("plan", lambda: check_plan(model_dir)))
+    checks.extend((name, (lambda fn=fn: fn(model_dir))) for name, fn in extra_checks())
     out = []
     for name, fn in checks:
         try:
