@@ -123,8 +123,21 @@ for phase in "$@"; do
     greedy-compare)
               python3 tests/gpu/gdn_e2e_greedy.py compare $R/greedy-vllm.json $R/greedy-turbo.json \
                 --json $R/greedy-compare.json > $R/greedy-compare.txt 2>&1 ;;
+    bisect)   # issue 15: which soak request killed vLLM's engine (tests/gpu/crash_bisect.py): plain vLLM (BISECT_MODE=
+              # turingbox: turingbox serve) with the plan's argv on the 4-layer demo at 0.25 of the GPU; its restarts
+              # wait for the soakseed lane's KV sizing (one GPU: vLLM's memory profile is device-wide)
+              [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
+              CUDA_VISIBLE_DEVICES=$one TURINGBOX_GPU_MEMORY_UTILIZATION=0.25 TURINGBOX_MAX_NUM_SEQS=16 \
+                TURINGBOX_MAX_MODEL_LEN=262144 python3 -m turingbox plan --model /tmp/demo4 --json > $R/plan-bisect.json
+              CUDA_VISIBLE_DEVICES=$one TURINGBOX_GPU_MEMORY_UTILIZATION=0.25 TURINGBOX_MAX_NUM_SEQS=16 \
+                TURINGBOX_MAX_MODEL_LEN=262144 OUT=$R timeout 1500 python3 tests/gpu/crash_bisect.py \
+                --plan $R/plan-bisect.json --candidates ${BISECT_CANDIDATES:-tests/gpu/crash_candidates.json} \
+                --mode ${BISECT_MODE:-plain} --gate-log $R/warmup-soakseed.log --gate-done /tmp/session/soakseed.done \
+                --serving-marker /tmp/session/bisect.serving > $R/crash-bisect-${BISECT_MODE:-plain}.txt 2>&1 ;;
     soakseed) # issue 15: the 64-layer demo's entry at the soak's memory share, filled cold by `warmup --seed-only`
               [ -d /tmp/demo ] || python3 -m turingbox demo-model /tmp/demo
+              # SEED_AFTER=bisect: start only once the other lane's server has sized its KV cache
+              [ -z "${SEED_AFTER:-}" ] || bash tests/gpu/soak_gate.sh $SEED_AFTER serving 600 >> $R/soak-gates.txt 2>&1
               rm -rf /tmp/tbsoak
               CUDA_VISIBLE_DEVICES=$one TURINGBOX_GPU_MEMORY_UTILIZATION=0.55 timeout 900 python3 -m turingbox warmup \
                 --seed-only --model /tmp/demo --cache-dir /tmp/tbsoak > $R/warmup-soakseed.log 2>&1
@@ -139,7 +152,7 @@ for phase in "$@"; do
               timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo --phase soak64 --gpus $one,$one \
                 --cache /tmp/tbsoak-seeded --plain-cache /tmp/tbsoak-plain --out $R --no-decode --ready-limit 900 \
                 --env TURINGBOX_GPU_MEMORY_UTILIZATION=0.55 --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
-                --tb-after="touch /tmp/session/soak64.serving; python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)" \
+                --tb-after="touch /tmp/session/soak64.serving; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-before.txt; python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-after.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-after.txt; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)" \
                 --after='touch /tmp/session/soak64.plain-serving; python3 tests/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:$PLAIN_PORT --out $OUT > $OUT/replay-soak64.txt 2>&1'
               touch /tmp/session/soak64.plain-serving
               python3 tests/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
