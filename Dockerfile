@@ -5,9 +5,11 @@
 #   tools/ci/docker-build.sh -t turingbox:dev .   # also works with the classic builder
 #
 # Stages: os (Python, compiler, tini) -> deps (locked Python packages, cached) -> wheels (this
-# repository, built without network) -> runtime (deps + wheels + baked caches, non-root).
-# The base must be a CUDA *devel* image in production: FlashInfer JIT-compiles with nvcc at first
-# use and Triton assembles with ptxas; both also need a host C/C++ compiler and Python headers.
+# repository, built without network) -> flashinfer-aot (FlashInfer's JIT modules, nvcc, no GPU) ->
+# runtime (deps + wheels + baked caches, non-root).
+# The base must be a CUDA *devel* image in production: Triton assembles with ptxas, and FlashInfer JIT-compiles
+# with nvcc whatever the flashinfer-aot stage did not bake (other arches, settings, a newer FlashInfer); both
+# also need a host C/C++ compiler and Python headers.
 ARG BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
 
 # ---------------------------------------------------------------------------------------------
@@ -74,6 +76,58 @@ RUN set -eu; \
     /opt/venv/bin/pip wheel --no-deps --no-build-isolation --no-cache-dir --wheel-dir /wheels ./plugin ./app
 
 # ---------------------------------------------------------------------------------------------
+FROM deps AS flashinfer-aot
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# FlashInfer's JIT modules for the image's plans (warmup/turingbox_warmup/aot_specs/flashinfer-*.jsonl: the
+# batch-prefill module of each FLASHINFER plan, the sampling module of every plan), built without a GPU by
+# FlashInfer's own JitSpec.build() (ninja + nvcc) into the layout FlashInfer loads from; every new cache entry
+# starts with a copy (docs/caches.md), so a first start on a 2080 Ti runs nvcc zero times. Only the result
+# leaves this stage. nvcc: the base's (CUDA devel), else the nvidia-cuda-* wheels of the image's CUDA 13.0.
+#   FLASHINFER_AOT_ARCHS    compute capabilities (the default modules of each: aot_specs `default`)
+#   FLASHINFER_AOT_MODULES  all | auto | none | a comma list of modules (batch_prefill, sampling) or URIs;
+#                           auto = all with 4 or more CPUs, else only the sm_75 sampling module: one head_dim-256
+#                           batch-prefill module takes ~12 min of nvcc per arch on 2 cores (the CI build); the
+#                           sm_75 check below still compiles the prefill kernels a 2080 Ti launches (~1.5 min)
+ARG FLASHINFER_AOT_ARCHS=7.5,8.0,8.6,8.9,9.0
+ARG FLASHINFER_AOT_MODULES=auto
+ARG CUDA_NVCC_WHEELS="nvidia-cuda-nvcc==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-cccl==13.0.85"
+ARG EXTRA_CA_CERT_B64=""
+ARG PIP_INDEX_URL=""
+ARG PIP_EXTRA_INDEX_URL=""
+COPY --from=wheels /wheels /tmp/wheels
+# FlashInfer's ninja tree is a BuildKit cache mount: an unchanged module is not rebuilt by the next image build.
+# (Word splitting of $CUDA_NVCC_WHEELS, $build_dir and $only is intended.)
+# hadolint ignore=SC2086
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,target=/root/.cache/turingbox-flashinfer-build,sharing=locked \
+    set -eu; \
+    /opt/venv/bin/pip install --no-deps --no-index --no-cache-dir --disable-pip-version-check /tmp/wheels/*.whl; \
+    mkdir -p /opt/turingbox/flashinfer-aot; \
+    modules="$FLASHINFER_AOT_MODULES"; archs="$FLASHINFER_AOT_ARCHS"; \
+    if [ "$modules" = none ] || [ -z "$archs" ]; then echo "flashinfer-aot: skipped (FLASHINFER_AOT_MODULES=none)"; exit 0; fi; \
+    if [ "$modules" = auto ]; then \
+      if [ "$(nproc)" -ge 4 ]; then modules=all; else modules=sampling; archs=7.5; \
+        echo "flashinfer-aot: $(nproc) CPUs: building only the sm_75 sampling module (FLASHINFER_AOT_MODULES=all builds every one)"; fi; \
+    fi; \
+    if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then \
+      if [ -n "$EXTRA_CA_CERT_B64" ]; then \
+        echo "$EXTRA_CA_CERT_B64" | base64 -d > /usr/local/share/ca-certificates/turingbox-build-extra.crt; \
+        update-ca-certificates >/dev/null 2>&1; \
+      fi; \
+      cache_opt=--no-cache-dir; if mountpoint -q /root/.cache/pip; then cache_opt=""; fi; \
+      PIP_CERT=/etc/ssl/certs/ca-certificates.crt /opt/venv/bin/pip install $cache_opt --disable-pip-version-check \
+        --no-input --progress-bar off ${PIP_INDEX_URL:+--index-url "$PIP_INDEX_URL"} \
+        ${PIP_EXTRA_INDEX_URL:+--extra-index-url "$PIP_EXTRA_INDEX_URL"} $CUDA_NVCC_WHEELS; \
+      rm -f /usr/local/share/ca-certificates/turingbox-build-extra.crt; \
+    fi; \
+    build_dir=""; if mountpoint -q /root/.cache/turingbox-flashinfer-build; then build_dir="--build-dir /root/.cache/turingbox-flashinfer-build"; fi; \
+    only=""; if [ "$modules" != all ]; then for m in $(echo "$modules" | tr , ' '); do only="$only --only $m"; done; fi; \
+    PATH=/opt/venv/bin:$PATH python -m turingbox_warmup.flashinfer_aot build --arch "$archs" \
+      --out /opt/turingbox/flashinfer-aot $build_dir $only; \
+    PATH=/opt/venv/bin:$PATH python -m turingbox_warmup.flashinfer_aot check --arch 7.5 --dir /opt/turingbox/flashinfer-aot; \
+    chmod -R a+rX,go-w /opt/turingbox/flashinfer-aot
+
+# ---------------------------------------------------------------------------------------------
 FROM deps AS runtime
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG BASE_IMAGE
@@ -115,6 +169,11 @@ ARG TRITON_AOT_ARCHS=7.5,8.0,8.6,8.9,9.0
 RUN python -m turingbox_warmup.aot --arch "${TRITON_AOT_ARCHS}" --cache-dir /opt/turingbox/triton-cache
 # Each new cache entry starts with these kernels (turingbox_warmup.cache copies them in).
 ENV TURINGBOX_AOT_TRITON_DIR=/opt/turingbox/triton-cache
+
+# FlashInfer's modules from the flashinfer-aot stage (<dir>/.cache/flashinfer/<version>/<arch>/cached_ops/<uri>/);
+# a new cache entry's flashinfer/ (FLASHINFER_WORKSPACE_BASE) starts with a copy of them.
+COPY --from=flashinfer-aot /opt/turingbox/flashinfer-aot /opt/turingbox/flashinfer-aot
+ENV TURINGBOX_AOT_FLASHINFER_DIR=/opt/turingbox/flashinfer-aot
 
 # Non-root user; group 0 may write the volumes too (OpenShift-style arbitrary UIDs). The home
 # directory already exists (the AOT step above ran as root with HOME set), so hand it over.

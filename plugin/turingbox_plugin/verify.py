@@ -78,7 +78,14 @@ def compile_one(name: str, fn: Any, signature: dict, constexprs: dict, arch: int
     return row
 
 
+def shared_limit(arch: int) -> int:
+    """Opt-in shared memory per block (bytes) of a compute capability."""
+    return 65536 if arch < 80 else (101376 if arch in (86, 89, 120, 121) else 166912 if arch in (80, 87) else 232448)
+
+
 def compile_report(arch_text: str) -> list[dict[str, Any]]:
+    """One table for an arch: the plugin's Triton kernels, the turbo GDN kernels, then the rows of every
+    COMPILE_REPORTS_GROUP entry point (the appliance's AOT Triton specializations and FlashInfer modules)."""
     arch = parse_arch(arch_text)
     from turingbox_plugin.kernels import COMPILE_SPECS
 
@@ -92,7 +99,30 @@ def compile_report(arch_text: str) -> list[dict[str, Any]]:
             rows.extend(gdn.compile_report(f"{arch // 10}.{arch % 10}"))
         except Exception as exc:
             rows.append({"name": "turingbox_plugin.gdn", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    for name, fn in extra_compile_reports():
+        try:
+            rows.extend(fn(arch))
+        except Exception as exc:  # one broken extension is its own failing row
+            rows.append({"name": name, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
     return rows
+
+
+# Rows that need more than the plugin (kernels the appliance bakes into the image: its AOT Triton
+# specializations, FlashInfer's modules) come in through this entry-point group: each entry is a function
+# (arch: int, e.g. 75) -> list of rows like compile_one's, so the plugin imports nothing of the appliance.
+COMPILE_REPORTS_GROUP = "turingbox_plugin.compile_reports"
+
+
+def extra_compile_reports() -> list[tuple[str, Any]]:
+    from importlib.metadata import entry_points
+    out = []
+    for ep in sorted(entry_points(group=COMPILE_REPORTS_GROUP), key=lambda e: e.name):
+        try:
+            out.append((ep.name, ep.load()))
+        except Exception as exc:  # noqa: BLE001 - reported as a row, not raised
+            out.append((ep.name, lambda _arch, exc=exc, name=ep.name: [
+                {"name": name, "ok": False, "error": f"not loadable ({type(exc).__name__}: {exc})"}]))
+    return out
 
 
 def run_on_gpu() -> list[dict[str, Any]]:

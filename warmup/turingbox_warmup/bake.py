@@ -32,7 +32,7 @@ import tarfile
 import tempfile
 from typing import Any, Mapping
 
-from turingbox_warmup import cache, fingerprint
+from turingbox_warmup import cache, fingerprint, flashinfer_aot
 
 DEFAULT_BAKED_DIR = "/opt/turingbox/baked-cache"
 BAKED_ENV = "TURINGBOX_BAKED_CACHE_DIR"
@@ -294,6 +294,10 @@ def build_context(entry: str, key: str, df: str, manifest: Mapping[str, Any]) ->
                 path = os.path.join(dirpath, name)
                 if rel == "." and name == cache.MANIFEST:
                     _add_bytes(tar, f"{arc}/{name}", json.dumps(manifest, indent=2, sort_keys=True).encode(), 0o444)
+                    continue
+                ninja = flashinfer_aot.relocatable_ninja(dirpath) if name == "build.ninja" else None
+                if ninja is not None:     # FlashInfer's names the seeding host's paths: ninja would rebuild
+                    _add_bytes(tar, f"{arc}/{name}", ninja.encode(), 0o444)
                     continue
                 if os.path.islink(path) and not os.path.exists(path):
                     continue

@@ -76,7 +76,13 @@ AOT_TRITON_DIR = settings.declare(settings.Setting(
          "the triton/ folder of every new cache entry",
     default=None,
 ))
-CACHE_SETTINGS = ("cache_dir", "baked_cache_dir", "cache_lock_wait", "aot_triton_dir")
+AOT_FLASHINFER_DIR = settings.declare(settings.Setting(
+    name="aot_flashinfer_dir",
+    help="FlashInfer modules built ahead of time at image build (python -m turingbox_warmup.flashinfer_aot), "
+         "copied into the flashinfer/ folder of every new cache entry",
+    default=None,
+))
+CACHE_SETTINGS = ("cache_dir", "baked_cache_dir", "cache_lock_wait", "aot_triton_dir", "aot_flashinfer_dir")
 
 
 def utc_now() -> str:
@@ -547,6 +553,13 @@ def prepare_cache(plan: Mapping[str, Any], cache_root: str | None = None, *, bak
             if added:
                 _event(status, logging.INFO, f"cache entry {key}: {added} ahead-of-time Triton files from "
                        f"{resolved['aot_triton_dir']}")
+        if result == "miss" and resolved["aot_flashinfer_dir"]:
+            from turingbox_warmup.flashinfer_aot import seed_workspace
+            modules = seed_workspace(resolved["aot_flashinfer_dir"], os.path.join(entry, CACHES["flashinfer"][0]))
+            status["aot_flashinfer_modules"] = modules
+            if modules:
+                _event(status, logging.INFO, f"cache entry {key}: {modules} ahead-of-time FlashInfer modules from "
+                       f"{resolved['aot_flashinfer_dir']}")
         status.update(mode=mode, entry=entry, result=result, source=source,
                       caches=_per_cache(entry, result == "hit"))
         verdict = ", ".join(f"{k} {v}" for k, v in status["caches"].items())

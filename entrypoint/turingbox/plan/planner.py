@@ -58,6 +58,34 @@ def min_request_tokens(num_spec: int) -> int:
     return CHAT_TURN_TOKENS + num_spec
 
 
+# FlashInfer versions whose fa2 prefill (head_dim >= 128) overflows sm_75's 64 KiB opt-in shared memory:
+# 0.6.10 added 16-byte NVFP4 scale-factor placeholders (later also an FP8 repack one) to SharedStorageQKVO for
+# every KV dtype (flashinfer-ai/flashinfer#3528: 65,584 B fp16 / 65,568 B fp8 at head_dim 256; #3620 at 128);
+# 0.6.16 made them empty bases (#3526). The launch fails with cudaErrorInvalidValue at the first prefill.
+FLASHINFER_SM75_BROKEN = ((0, 6, 10), (0, 6, 16))     # [first bad, first fixed)
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    import re
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", str(version or ""))
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def flashinfer_sm75_problem(sm: int, backend: str, head_dim: int, software: Mapping[str, str]) -> str | None:
+    """Why the installed FlashInfer cannot run this model's prefill on sm_75, or None."""
+    version = software.get("flashinfer-python", "absent")
+    release = _release(version)
+    lo, hi = FLASHINFER_SM75_BROKEN
+    if sm != 75 or backend != "FLASHINFER" or head_dim < 128 or release is None or not lo <= release < hi:
+        return None
+    return (f"attention backend FLASHINFER cannot run on sm_75 with the installed flashinfer-python {version}: "
+            f"from 0.6.10 up to 0.6.15 its head_dim-{head_dim} prefill asks for more shared memory per block than "
+            "sm_75's 65,536 bytes (65,568 B, and 65,584 B with a 16-bit KV cache from 0.6.13, at head_dim 256; "
+            "flashinfer-ai/flashinfer#3528, fixed in 0.6.16 by #3526) and fails to launch at the first prompt; "
+            "install flashinfer-python 0.6.8.post1 (this image's pin), 0.6.9 or 0.6.16 and later, or set "
+            "TURINGBOX_ATTENTION_BACKEND=TRITON_ATTN with TURINGBOX_KV_CACHE_DTYPE=fp8_e5m2.")
+
+
 # ---- tensor parallelism ----------------------------------------------------------------------------
 
 def tp_problem(model: ModelConfig, tp: int) -> str | None:
@@ -550,6 +578,9 @@ def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Map
     # latency: the widest TP group; throughput: the most GPUs in use (TP x DP).
     width = (lambda c: c.tp * c.dp) if s["objective"] == "throughput" else (lambda c: c.tp)
     best = max(candidates, key=lambda c: (width(c), c.sizing.memory["kv_cache_gib"], c.gpus[0].sm))
+    guard = flashinfer_sm75_problem(best.gpus[0].sm, best.rules.attention_backend, model.head_dim, software)
+    if guard:
+        raise PlanError(guard)
     failed_text = {k: str(e).rstrip(".") for k, e in failures.items()}
     excluded = hidden + _excluded(gpus, best, unsupported, failed_text)
     return _assemble(best, model, s, software, excluded)
