@@ -15,6 +15,7 @@ from turingbox.gpus.inventory import Gpu, Inventory, pci_sort_key
 from turingbox.gpus.visibility import cuda_visible_devices
 from turingbox.plan import arch as archmod
 from turingbox.plan import memory as mem
+from turingbox.plan.settings import PLANNER_DEFAULTS
 from turingbox_plugin.model_config import ModelConfig
 from turingbox_warmup.fingerprint import cache_key, fingerprint_inputs
 
@@ -35,15 +36,8 @@ OBJECTIVES = ("latency", "throughput")
 # replicas are planned only when strict warmup is off.
 DP_NEEDS_STRICT_WARMUP_OFF = True
 
-# Settings the planner reads (names in turingbox.settings); None means "decide automatically".
-DEFAULTS: dict[str, Any] = {
-    "tensor_parallel_size": None, "mtp": None, "max_model_len": None, "max_num_seqs": None,
-    "max_num_batched_tokens": None, "gpu_memory_utilization": None, "kv_cache_dtype": None,
-    "attention_backend": None, "dtype": None, "gdn_prefill_backend": None, "gdn": None,
-    "enforce_eager": False, "prefix_caching": True, "served_model_name": None,
-    "min_model_len": DEFAULT_MIN_MODEL_LEN, "strict_warmup": True, "require_plugin": True,
-    "benchmark_mode": False, "runtime_dir": "/tmp/turingbox", "objective": "latency",
-}
+# Settings the planner reads, with their declared defaults (plan/settings.py); None means "decide automatically".
+DEFAULTS: dict[str, Any] = dict(PLANNER_DEFAULTS)
 
 # Flag/variable of each setting the planner names in its sentences (declared in plan/command.py).
 _ENV_NAMES = {"tensor_parallel_size": "TURINGBOX_TP"}
