@@ -78,6 +78,10 @@ class TuringboxWorker(Worker):
             "settings": s.to_dict(), "active": {}})
         # Count every compile in this process from now on; vLLM's monitor will chain to us later.
         self.tb_active_paths["jit_accounting"] = self.tb_accountant.install()
+        # vLLM 0.21 faults a client can trigger (wrong allowed_token_ids masks, an engine-killing gather):
+        # patched before the model runner builds its InputBatch; each says applied or why not
+        from turingbox_plugin.vllm_fixes import apply_all
+        self.tb_active_paths["vllm_fixes"] = apply_all()
         from turingbox_plugin import autotune
 
         self.tb_active_paths["autotune_patch"] = autotune.install(
