@@ -42,6 +42,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 # -- verify ---------------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace) -> int:
+    # the compile rows may import vLLM, whose logger writes to stdout: keep stdout the report (--json)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     from turingbox_plugin import verify
 
     if args.compile_only:

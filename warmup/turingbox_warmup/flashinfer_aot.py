@@ -879,11 +879,25 @@ def nvcc_flags(flashinfer_src: str, sm: int) -> list[str]:
             "-isystem", libinfo.find_include_path(), "-isystem", libinfo.find_dlpack_include_path()]
 
 
+def exec_dir() -> str | None:
+    """A temporary directory the probe program can run from: /tmp is often mounted noexec (docker --tmpfs)."""
+    candidates = [tempfile.gettempdir(), os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "tmp"),
+                  os.getcwd()]
+    for d in candidates:
+        try:
+            os.makedirs(d, exist_ok=True)
+            if os.access(d, os.W_OK) and not os.statvfs(d).f_flag & os.ST_NOEXEC:
+                return d
+        except OSError:
+            continue
+    return None
+
+
 def shared_storage_sizes(rec: Mapping[str, Any], launches: Sequence[Mapping[str, Any]], flashinfer_src: str,
                          cuda_home: str, timeout: float = 600) -> list[tuple[int, bool]]:
     """sizeof(KTraits::SharedStorage) (the dynamic shared memory FlashInfer launches with) and IsInvalid(),
     computed by FlashInfer's own headers: a host program compiled with nvcc and run on the CPU."""
-    with tempfile.TemporaryDirectory(prefix="turingbox-fi-probe-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="turingbox-fi-probe-", dir=exec_dir()) as tmp:
         src = os.path.join(tmp, "probe.cu")
         with open(src, "w") as f:
             f.write(probe_source(rec, launches))
