@@ -73,7 +73,11 @@ def test_verify_compile_only_for_sm75_without_gpu():
     assert data["ok"] and data["kernels"]
     for k in data["kernels"]:
         assert k["arch"] == "7.5" if "arch" in k else True
-        assert k["ok"] and k["registers"] > 0 and k["spills"] == 0 and k["shared_bytes"] <= 65536
+        assert k["ok"] and k["shared_bytes"] <= 65536, k
+        if not k["name"].startswith("flashinfer:"):
+            # our kernels never spill; FlashInfer's head_dim-256 prefill does (~100 B at 255 registers), and
+            # its prebuilt modules' rows carry what cuobjdump reports: both are listed, not held to this
+            assert k["registers"] > 0 and k["spills"] == 0, k
 
 
 def test_verify_bad_arch_is_one_sentence():
