@@ -94,6 +94,19 @@ def plan_waves(max_num_seqs: int, num_spec_tokens: int, max_model_len: int,
                         100 + n * 1000 + i, delay_steps=2 if i >= (n + 1) // 2 else 0)
             for i in range(n))
         waves.append(Wave(f"batch-{n}-mixed-staggered", reqs))
+    if max_num_seqs >= 2:
+        # Short prompts joining running decodes one per step: the step's prefill then has exactly 1, 16 or 17
+        # tokens beside the (speculative) decodes, the GDN prefill path that splits spec from non-spec tokens
+        # (index_select, then fused_post_conv_prep with L = prefill tokens). Issue 15's second soak compiled
+        # `_fused_post_conv_kernel` after ready on a 1-token prompt that arrived while three requests decoded;
+        # no other wave has a prefill that short beside decodes. The decoders run long enough for all three
+        # joiners even when every draft is accepted.
+        joiners = tuple(RequestSpec(plen(n), max_tokens, "greedy", 70_000 + n, delay_steps=2 + 2 * i)
+                        for i, n in enumerate((1, 16, 17)))
+        long_tokens = min(3 * max_tokens, max_model_len - plen(40) - 1)    # >= max_tokens: plen leaves room
+        decoders = (RequestSpec(plen(37), long_tokens, "greedy", 70_101),
+                    RequestSpec(plen(40), long_tokens, "sampled", 70_102))
+        waves.append(Wave("short-prompts-join-decodes", decoders[:max(1, min(2, max_num_seqs - 1))] + joiners))
     if concurrencies:
         top = concurrencies[-1]
         for preset in ("greedy", "sampled"):

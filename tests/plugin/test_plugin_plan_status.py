@@ -44,6 +44,12 @@ def test_waves_for_the_demo_plan():
     mixed = [w for w in waves if "mixed" in w.name]
     assert mixed and all({r.sampling for r in w.requests} >= {"greedy", "sampled"} for w in mixed if len(w.requests) >= 2)
     assert all(any(r.delay_steps for r in w.requests) for w in mixed)   # staggered: prefill mixed with decode
+    # a 1-, 16- and 17-token prefill each alone beside running decodes (one Triton int class each)
+    join = next(w for w in waves if w.name == "short-prompts-join-decodes")
+    decoders = [r for r in join.requests if r.delay_steps == 0]
+    joiners = sorted((r.delay_steps, r.prompt_len) for r in join.requests if r.delay_steps)
+    assert [n for _, n in joiners] == [1, 16, 17] and len({d for d, _ in joiners}) == 3
+    assert decoders and all(d.max_tokens >= 3 * r.max_tokens for d in decoders for r in join.requests if r.delay_steps)
 
 
 def test_waves_respect_tiny_limits_and_reject_nonsense():

@@ -511,7 +511,7 @@ def test_serve_removes_its_temporary_dirs_on_every_exit(serve_factory, tmp_path,
         else:
             s.wait_ready()
             made = s.temporaries()
-            assert [n.rsplit("-", 1)[0] for n in made] == [f"turingbox-private-{key}", "turingbox-runtime"], made
+            assert [n.rsplit("-", 1)[0] for n in made] == [f"turingbox-private-{key}", f"turingbox-serve-{s.proc.pid}"], made
             s.signal(signal.SIGTERM)
             if ending == "second-signal":
                 wait_until(lambda: s.events("sigterm"), 10, what="vLLM asked to stop (it ignores SIGTERM)")

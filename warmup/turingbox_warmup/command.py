@@ -305,13 +305,15 @@ async def _warm_engine_async(plan, session, timeout, passthrough) -> None:
 
     del serve_options
     vllm_command = settings.resolve(("vllm_command",))["vllm_command"]
-    configured_runtime_dir = (plan.get("plugin") or {}).get("runtime_dir")
-    runtime_dir = configured_runtime_dir or tempfile.mkdtemp(prefix="turingbox-runtime-")
+    from turingbox.serve.controller import instance_runtime_dir
+
+    base = ((plan.get("plugin") or {}).get("runtime_dir") or (plan.get("env") or {}).get("TURINGBOX_RUNTIME_DIR")
+            or tempfile.gettempdir())
+    runtime_dir = instance_runtime_dir(base, "warmup")    # this engine's own: a serve beside it keeps its files
     try:
         await _run_engine(plan, session, timeout, passthrough, vllm_command, runtime_dir)
     finally:
-        if not configured_runtime_dir:    # ours (mkdtemp): the engine is stopped, nothing reads it any more
-            shutil.rmtree(runtime_dir, ignore_errors=True)
+        shutil.rmtree(runtime_dir, ignore_errors=True)    # the engine is stopped, nothing reads it any more
 
 
 async def _run_engine(plan, session, timeout, passthrough, vllm_command, runtime_dir) -> None:
@@ -323,10 +325,6 @@ async def _run_engine(plan, session, timeout, passthrough, vllm_command, runtime
     from turingbox_plugin.status import read_worker_status
     from turingbox_warmup.active import run_active_warmup
 
-    os.makedirs(runtime_dir, exist_ok=True)
-    for name in os.listdir(runtime_dir):  # stale worker status must not pass the strict check
-        if name.startswith("worker-") and name.endswith(".json"):
-            os.unlink(os.path.join(runtime_dir, name))
     port = controller.free_loopback_port()
     argv = controller.vllm_argv(plan, port, passthrough, vllm_command)
     base = f"http://127.0.0.1:{port}"

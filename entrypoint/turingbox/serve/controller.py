@@ -222,6 +222,27 @@ def bind_public(host: str, port: int) -> socket.socket:
     return sock
 
 
+def instance_runtime_dir(base: str, kind: str) -> str:
+    """A fresh directory for one engine's worker status files and compile logs, under `base`
+    (`<base>/turingbox-<kind>-<pid>-XXXX`); directories of earlier instances whose process is gone are removed."""
+    os.makedirs(base, exist_ok=True)
+    for name in os.listdir(base):
+        m = re.fullmatch(r"turingbox-(?:serve|warmup)-(\d+)-\w+", name)
+        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"turingbox-{kind}-{os.getpid()}-", dir=base)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:       # someone else's process
+        return True
+    return True
+
+
 def read_workers(runtime_dir: str) -> list[dict]:
     try:
         from turingbox_plugin.status import read_worker_status
@@ -314,7 +335,7 @@ class Controller:
         self.tracker = stages.StartupTracker(on_change=self._stage_changed)
         self.state = ServeState(tracker=self.tracker, options=options, upstream_api_key=self.upstream_key)
         self.runtime_dir: str | None = None
-        self.own_runtime_dir: str | None = None   # made here with mkdtemp (not configured): removed at exit
+        self.own_runtime_dir: str | None = None   # this instance's directory (instance_runtime_dir): removed at exit
         self.raw_plan: dict | None = None
         self.metrics = ServeMetrics(self.tracker, worker_status=self._worker_status,
                                     gpu_uuids=lambda: gpu_uuids_of(self.raw_plan))
@@ -514,17 +535,15 @@ class Controller:
         if dropped:
             log.info("not passed to vLLM (resolved by turingbox; the plan carries the values): %s", ", ".join(dropped))
 
-        # 3. vLLM (a runtime dir set for serve itself still counts when a --plan-file names none)
-        self.runtime_dir = ((plan.get("plugin") or {}).get("runtime_dir") or env.get("TURINGBOX_RUNTIME_DIR")
-                            or os.environ.get("TURINGBOX_RUNTIME_DIR"))
-        if not self.runtime_dir:
-            self.runtime_dir = self.own_runtime_dir = tempfile.mkdtemp(prefix="turingbox-runtime-")
-        os.makedirs(self.runtime_dir, exist_ok=True)
+        # 3. vLLM, with status files in a directory of this instance's own under the configured runtime dir:
+        # two instances on one host (two compose services, serve beside a warmup) must not read each other's.
+        base = ((plan.get("plugin") or {}).get("runtime_dir") or env.get("TURINGBOX_RUNTIME_DIR")
+                or os.environ.get("TURINGBOX_RUNTIME_DIR") or tempfile.gettempdir())
+        self.runtime_dir = self.own_runtime_dir = instance_runtime_dir(base, "serve")
         env["TURINGBOX_RUNTIME_DIR"] = self.runtime_dir
-        for name in os.listdir(self.runtime_dir):     # stale status from an earlier run must not pass the check
-            if name.startswith("worker-") and name.endswith(".json"):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(self.runtime_dir, name))
+        # what `turingbox jit-report --url` reads
+        self.state.plan = {**self.state.plan, "env": {**(self.state.plan.get("env") or {}),
+                                                      "TURINGBOX_RUNTIME_DIR": self.runtime_dir}}
         port = opts.upstream_port or free_loopback_port()
         argv = vllm_argv(plan, port, self.passthrough, opts.vllm_command)
         log.info("starting vLLM: %s", shlex.join(mask_argv(argv)))
