@@ -93,3 +93,35 @@ def test_prometheusrule_carries_the_same_rules_as_alerts_yaml():
     (rule,) = load(os.path.join(K8S, "components", "servicemonitor", "prometheusrule.yaml"))
     with open(ALERTS) as f:
         assert rule["spec"]["groups"] == yaml.safe_load(f)["groups"]
+
+
+H200_PAGE = os.path.join(REPO, "docs", "data", "2026-12-01-h200-s6", "public-metrics-soak64-mid3.txt.gz")
+
+
+def page_series(text: str) -> tuple[set[str], set[str]]:
+    """(names with a sample, names only declared by # TYPE: a labelled counter with no child yet)."""
+    import re
+    samples = {re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", ln).group(0) for ln in text.splitlines() if ln and ln[0] != "#"}
+    declared = set()
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
+        declared |= {name, name + "_total"} if kind == "counter" else {name}
+    return samples, declared - samples
+
+
+def test_every_series_queried_is_on_the_h200_soak_page():
+    """Issue 19's GPU check, kept: the public /metrics of `turingbox serve` on the H200 halfway through the soak
+    (64-layer demo, 2026-12-01 session 6) serves every series the dashboard, the alerts and KEDA query."""
+    import gzip
+    with gzip.open(H200_PAGE, "rt") as f:
+        text = f.read()
+    samples, declared_only = page_series(text)
+    exprs = dashboard_exprs() + alert_exprs()
+    exprs += [t["metadata"]["query"] for t in load(os.path.join(K8S, "components", "keda", "scaledobject.yaml"))[0]
+              ["spec"]["triggers"]]
+    used = set().union(*(promql_series(e) for e in exprs))
+    assert not sorted(used - samples - declared_only), "queried, not on the GPU run's /metrics"
+    # under load: vLLM's series next to turingbox's, with requests running and KV in use
+    values = {ln.split("{")[0].split(" ")[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+              if ln and ln[0] != "#" and "{" in ln and "model_name=" in ln}
+    assert values["vllm:num_requests_running"] > 0 and values["vllm:kv_cache_usage_perc"] > 0
+    assert "vllm:time_to_first_token_seconds_bucket" in samples and "turingbox_ready" in samples

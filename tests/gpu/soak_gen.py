@@ -52,7 +52,7 @@ FAIL_KINDS = [
     "top_logprobs_no_logprobs", "prompt_logprobs_stream", "stream_options_no_stream", "negative_temperature",
     "top_p_zero", "presence_penalty_3", "repetition_penalty_0", "min_tokens_gt_max", "max_tokens_0",
     "allowed_out_of_vocab", "allowed_empty", "empty_stop", "named_tool_unknown", "tool_choice_no_tools",
-    "empty_tools", "json_schema_missing", "two_constraints", "unknown_model", "priority", "bad_type",
+    "empty_tools", "json_schema_missing", "two_constraints", "unknown_model", "bad_type",
     "empty_messages", "invalid_json",
 ]
 
@@ -338,6 +338,8 @@ class SoakGen:
         if fail == "invalid_json":
             raw = json.dumps(expand(body, self.seed))[:160] + "{,"
         timeout = 600.0 if (tokens > 30000 or mt >= 512 or body.get("use_beam_search")) else 300.0
+        if expect == "ok":        # a sampling knob that vLLM refuses here (min_p / logit_bias with MTP)
+            expect = next((f for f in fam if f.startswith("fail:")), expect)
         return Req(rid, "chat" if chat else "completions", body, fam, expect, tokens, pclass, mt, timeout, raw)
 
     def _sampling(self, b: dict, fam: list[str], chat: bool, small: bool, mt: int) -> None:
@@ -385,7 +387,7 @@ class SoakGen:
         if r.random() < 0.04:
             b["min_p"] = round(r.uniform(0.01, 0.3), 3)   # refused with MTP on: vLLM's 400
             fam.append("min_p")
-            if self.mtp:
+            if self.mtp and b.get("temperature", 1.0) != 0.0:   # greedy: vLLM resets min_p to 0 and accepts it
                 fam += ["must_fail", "fail:min_p_mtp"]
         if r.random() < 0.03:
             lo, hi = SAFE_TOKEN_IDS
@@ -509,6 +511,8 @@ class SoakGen:
         mk = "max_completion_tokens" if "max_completion_tokens" in b else "max_tokens"
         if kind == "min_p_mtp":
             b["min_p"] = r.choice([0.05, 0.1])
+            if b.get("temperature") == 0.0:      # greedy would reset min_p to 0: vLLM then accepts it
+                b["temperature"] = 0.7
         elif kind == "logit_bias_mtp":
             b["logit_bias"] = {"1000": 5.0}
         elif kind == "prompt_plus_max_tokens":
@@ -563,8 +567,6 @@ class SoakGen:
             b["structured_outputs"] = {"regex": "[0-9]+", "choice": ["a", "b"]}
         elif kind == "unknown_model":
             b["model"] = "no-such-model"
-        elif kind == "priority":
-            b["priority"] = r.choice([-1, 1, 10])
         elif kind == "bad_type":
             b[mk] = "many"
         elif kind == "empty_messages":
