@@ -57,5 +57,11 @@ def register() -> None:
         return
     if not settings.active:
         return
+    if "vllm" in sys.modules:    # a vLLM process (the API server validates requests); never raises
+        try:
+            from turingbox_plugin.vllm_fixes import apply_api_server
+            apply_api_server()
+        except Exception:
+            pass
     for key, value in ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)

@@ -1,4 +1,5 @@
-"""Fixes to vLLM 0.21.0 behaviour that a client can trigger, applied in the worker process only.
+"""Fixes to vLLM 0.21.0 behaviour that a client can trigger, applied in the worker process (`apply_all`),
+except `fix_allowed_vs_grammar`, a request validation applied in the API server (`apply_api_server`).
 
 Each fix names the upstream report, checks that vLLM's source still contains the code it corrects (so a vLLM
 upgrade makes it step aside, logged, instead of patching code it does not know), and is idempotent.
@@ -19,6 +20,7 @@ dropped from the output by `parse_output` anyway, so its logprob is never read.
 from __future__ import annotations
 
 import inspect
+import threading
 import logging
 from typing import Any, Callable
 
@@ -110,6 +112,136 @@ def fix_logprobs_ids() -> str:
     sampler._get_logprobs_tensors = guarded
     sampler._turingbox_logprobs_ids = True
     return "applied"
+
+
+# The validation the next fix extends, and the engine's grammar compile it reuses, verbatim from vLLM 0.21.0
+# (vllm/sampling_params.py SamplingParams.verify, vllm/v1/structured_output/backend_xgrammar.py).
+VERIFY_VALIDATES_STRUCTURED = "self._validate_structured_outputs(structured_outputs_config, tokenizer)"
+XGRAMMAR_COMPILES_JSON = "ctx = self.compiler.compile_json_schema("
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+
+# (id(tokenizer), vocab_size, disable_any_whitespace) -> (tokenizer, XgrammarBackend): TokenizerInfo for a
+# 248k vocabulary takes seconds, so only the first request with both parameters pays it.
+_xgrammar_backends: dict[tuple, list[Any]] = {}     # key -> [tokenizer, backend or None, built Event]
+_xgrammar_lock = threading.Lock()
+# Tests set it to wait for the backend instead of letting the first requests through unchecked.
+_WAIT_FOR_BACKEND = False
+
+
+def _structured_kind(params: Any) -> str | None:
+    so = params.structured_outputs
+    if so is None:
+        return None
+    return next((k for k in STRUCTURED_KINDS if getattr(so, k, None) not in (None, False)), None)
+
+
+def _xgrammar_backend(tokenizer: Any, vocab_size: int, so_config: Any, wait: bool = False) -> Any:
+    """vLLM's own XgrammarBackend for this tokenizer, or None while it is being built. Building it (xgrammar's
+    TokenizerInfo over a 248K vocabulary) takes seconds: on a thread, never on the API server's event loop;
+    the requests before it is ready go unchecked (the active warmup sends one before ready, so none do)."""
+    from types import SimpleNamespace
+
+    key = (id(tokenizer), vocab_size, bool(getattr(so_config, "disable_any_whitespace", False)))
+    with _xgrammar_lock:
+        hit = _xgrammar_backends.get(key)
+        if hit is None or hit[0] is not tokenizer:
+            done = threading.Event()
+            hit = _xgrammar_backends[key] = [tokenizer, None, done]
+
+            def build() -> None:
+                try:
+                    from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
+
+                    if _unchanged(XgrammarBackend.compile_grammar, XGRAMMAR_COMPILES_JSON):
+                        # the engine's own backend (same TokenizerInfo, same compile options); the fields it reads
+                        config = SimpleNamespace(structured_outputs_config=so_config, speculative_config=None)
+                        hit[1] = XgrammarBackend(config, tokenizer=tokenizer, vocab_size=vocab_size)
+                    else:
+                        log.warning("turingbox allowed_vs_grammar: XgrammarBackend.compile_grammar is not "
+                                    "vLLM 0.21.0's; requests are not checked")
+                except Exception:
+                    log.debug("turingbox allowed_vs_grammar: backend not built", exc_info=True)
+                finally:
+                    done.set()
+
+            threading.Thread(target=build, name="turingbox-xgrammar-backend", daemon=True).start()
+    if wait:
+        hit[2].wait()
+    return hit[1] if hit[2].is_set() else None
+
+
+def _first_step_allows(params: Any, model_config: Any, so_config: Any, tokenizer: Any) -> bool:
+    """Whether any allowed id passes the grammar's first-step bitmask (the engine's grammar, on CPU)."""
+    from vllm.v1.structured_output.request import get_structured_output_key
+
+    vocab_size = model_config.get_vocab_size()
+    backend = _xgrammar_backend(tokenizer, vocab_size, so_config, wait=_WAIT_FOR_BACKEND)
+    if backend is None:          # still being built (or vLLM changed under it): this request goes unchecked
+        return True
+    grammar = backend.compile_grammar(*get_structured_output_key(params.structured_outputs))
+    bitmask = backend.allocate_token_bitmask(1)          # CPU int32 tensor, as the engine's scheduler fills
+    grammar.fill_bitmask(bitmask, 0)
+    row = bitmask[0].tolist()
+    return any(0 <= t < vocab_size and (row[t >> 5] >> (t & 31)) & 1 for t in params.allowed_token_ids)
+
+
+def fix_allowed_vs_grammar() -> str:
+    """A request whose allowed_token_ids and structured output leave no first token is a 400, not a 500.
+
+    vLLM 0.21 accepts the pair, the sampler's row is all -inf, the engine samples id 0, the grammar rejects
+    it and the API server answers 500 (kin to vllm#53665, min_tokens). Applied in the API-server process:
+    after vLLM's own `SamplingParams.verify` (which resolves the backend), a request with both parameters
+    and the xgrammar backend gets its grammar compiled by vLLM's own XgrammarBackend on CPU, and when the
+    first grammar step (the first output token, or the first after reasoning ends: the grammar starts in
+    the same state) permits none of the allowed ids, verify raises VLLMValidationError
+    (parameter="allowed_token_ids"), which the server maps to 400. Only the first step is checked: a later
+    dead end still ends as vLLM ends it. Any other failure of the check is logged at debug and the request
+    proceeds as before. Other backends (guidance, outlines) are not checked.
+    """
+    from vllm.sampling_params import SamplingParams
+
+    if getattr(SamplingParams, "_turingbox_allowed_vs_grammar", False):
+        return "applied"
+    if not _unchanged(SamplingParams.verify, VERIFY_VALIDATES_STRUCTURED):
+        return "skipped: SamplingParams.verify is not vLLM 0.21.0's"
+    from vllm.exceptions import VLLMValidationError
+
+    verify = SamplingParams.verify
+
+    def checked_verify(self: Any, model_config: Any, speculative_config: Any, structured_outputs_config: Any,
+                       tokenizer: Any) -> None:
+        kind = _structured_kind(self)           # before verify, which turns a choice into a grammar
+        verify(self, model_config, speculative_config, structured_outputs_config, tokenizer)
+        if not (kind and self.allowed_token_ids and tokenizer is not None and structured_outputs_config
+                and self.structured_outputs._backend == "xgrammar"):
+            return
+        try:
+            allows = _first_step_allows(self, model_config, structured_outputs_config, tokenizer)
+        except Exception:  # the check is an aid: whatever it trips on, vLLM proceeds as it would have
+            log.debug("turingbox allowed_token_ids/structured_outputs check failed; not checked", exc_info=True)
+            return
+        if not allows:
+            n = len(self.allowed_token_ids)
+            raise VLLMValidationError(
+                f"allowed_token_ids and structured_outputs leave no token to generate: none of the {n} "
+                f"allowed ids can start the {kind} output.",
+                parameter="allowed_token_ids", value=self.allowed_token_ids)
+
+    checked_verify.__wrapped__ = verify          # type: ignore[attr-defined]
+    SamplingParams.verify = checked_verify
+    SamplingParams._turingbox_allowed_vs_grammar = True
+    return "applied"
+
+
+def apply_api_server() -> dict[str, str]:
+    """The fixes that belong in the API-server process (called from register()); never raises."""
+    try:
+        out = {"allowed_vs_grammar": fix_allowed_vs_grammar()}
+    except Exception as exc:
+        out = {"allowed_vs_grammar": f"failed: {type(exc).__name__}: {exc}"}
+    if out["allowed_vs_grammar"] != "applied":
+        log.warning("turingbox vLLM fix allowed_vs_grammar not applied (%s)", out["allowed_vs_grammar"])
+    return out
 
 
 FIXES: dict[str, Callable[[], str]] = {"mask_rows": fix_mask_rows, "logprobs_ids": fix_logprobs_ids}

@@ -30,7 +30,7 @@ def test_env_points_every_cache_into_the_entry(tmp_path, plan):
     assert s.entry == entry
     for var in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"):
         assert s.env[var].startswith(entry + os.sep) and os.path.isdir(s.env[var])
-    assert s.env["TRITON_CACHE_AUTOTUNING"] == "1"
+    assert "TRITON_CACHE_AUTOTUNING" not in s.env     # the plan's env sets it (planner.py), once
     s.finish(False)
 
 

@@ -252,6 +252,20 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         path, _, query = self.path.partition("?")
+        if path == "/tokenize":
+            if not self._authorized():
+                return
+            # vLLM's /tokenize answer shape; the fake's "tokenizer" is one id per character (1000 + code point)
+            try:
+                prompt = str(json.loads(raw or b"{}").get("prompt", ""))
+            except (ValueError, AttributeError):
+                self._json(400, {"error": {"message": "invalid JSON", "type": "BadRequestError", "code": 400}})
+                return
+            tokens = [1000 + ord(c) for c in prompt]
+            event("tokenize", prompt=prompt[:40])
+            self._json(200, {"count": len(tokens), "max_model_len": int(O["max-model-len"]),
+                             "tokens": tokens, "token_strs": None})
+            return
         if path not in ("/v1/chat/completions", "/v1/completions"):
             self._json(404, {"error": {"message": f"no route {path}", "type": "NotFoundError", "code": 404}})
             return

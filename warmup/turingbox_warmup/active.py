@@ -82,6 +82,16 @@ def build_requests(model: str, max_tokens: int, long_tokens: int) -> list[dict[s
     return reqs
 
 
+def _token_ids(client: Any, model: str, text: str) -> list[int] | None:
+    """vLLM's /tokenize of text without special tokens; None when it does not answer that."""
+    try:
+        r = client.post("/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False}, timeout=30)
+        tokens = r.json().get("tokens") if r.status_code == 200 else None
+    except Exception:
+        return None
+    return [int(t) for t in tokens] if isinstance(tokens, list) and tokens else None
+
+
 def structured_applied(kind: str, data: dict[str, Any]) -> bool:
     """Whether a non-streamed chat answer has the shape the grammar forces (informational)."""
     message = (data.get("choices") or [{}])[0].get("message") or {}
@@ -179,6 +189,16 @@ def run_active_warmup(base_url: str, model: str, api_key: str | None = None, tim
     deadline = started + timeout
     with httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout) as client:
         reqs = build_requests(model, max_tokens, long_prompt_tokens)
+        brace = _token_ids(client, model, "{")
+        if brace:
+            # allowed_token_ids with a grammar: the plugin's check (a 400 when the two leave no first token)
+            # builds its xgrammar backend in the API server on the first such request, off the event loop;
+            # this one (consistent: "{" may start a JSON object) has it built before ready.
+            reqs.append({"name": "chat-json-allowed-ids", "path": "/v1/chat/completions", "stream": False,
+                         "optional": True, "structured": "json",
+                         "body": {"model": model, "messages": [{"role": "user", "content": "Reply in JSON."}],
+                                  "response_format": {"type": "json_object"}, "allowed_token_ids": brace,
+                                  "chat_template_kwargs": NO_THINKING, "max_tokens": 1, "temperature": 0.0}})
         for req in reqs:
             if req.get("optional"):
                 req["timeout"] = min(timeout, OPTIONAL_TIMEOUT_S)

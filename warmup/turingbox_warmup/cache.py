@@ -98,8 +98,8 @@ def entry_dir(root: str, key: str) -> str:
 def cache_env(entry: str) -> dict[str, str]:
     """Environment for the vLLM process: every cache inside `entry`."""
     env = {var: os.path.join(entry, sub) for sub, var in CACHES.values()}
-    # Autotune results go next to the kernels in TRITON_CACHE_DIR; must be set before FLA imports.
-    env["TRITON_CACHE_AUTOTUNING"] = "1"
+    # TRITON_CACHE_AUTOTUNING=1 (autotune results next to the kernels in TRITON_CACHE_DIR) is in the plan's
+    # env, the one environment the launcher hands vLLM with these paths.
     # vLLM's legacy InductorAdaptor (VLLM_USE_STANDALONE_COMPILE=0) rewrites TRITON_CACHE_DIR to a
     # rank folder under VLLM_CACHE_ROOT when compiling starts, hiding the seeded/baked Triton cache
     # from kernels launched afterwards. The standalone adaptor (0.21's default) leaves it alone.

@@ -195,6 +195,8 @@ def _load_plan(args) -> dict:
 
 def strict_warmup_problems(worker_status: list[Mapping[str, Any]], tensor_parallel_size: int) -> list[str]:
     """Why the workers' own warmup reports do not prove a warm engine (empty list = they do)."""
+    from turingbox.engine.launch import jit_after_ready
+
     problems = []
     if len(worker_status) < tensor_parallel_size:
         problems.append(f"{len(worker_status)} of {tensor_parallel_size} workers reported their warmup")
@@ -202,10 +204,7 @@ def strict_warmup_problems(worker_status: list[Mapping[str, Any]], tensor_parall
         warm = w.get("warmup") or {}
         if not warm.get("ok"):
             problems.append(f"worker {w.get('rank')} warmup failed: {warm.get('error') or 'no result'}")
-        jit = {k: v for k, v in (w.get("jit_after_ready") or {}).items() if v}
-        if jit:
-            problems.append(f"worker {w.get('rank')} compiled after ready: " + ", ".join(sorted(jit)))
-    return problems
+    return problems + jit_after_ready(list(worker_status))
 
 
 def run_warmup(args) -> int:
@@ -260,9 +259,8 @@ def _print_result(session: cache.CacheSession, plan: Mapping[str, Any]) -> None:
 
 
 def engine_env(plan: Mapping[str, Any], cache_env: Mapping[str, str], runtime_dir: str) -> dict[str, str]:
-    """The vLLM process environment, built as serve builds it: ours without TURINGBOX_* (the plan carries
-    the resolved values), + plan env (None = unset) + caches."""
-    from turingbox.serve.controller import vllm_env
+    """The vLLM process environment, built as serve builds it (the one launcher's vllm_env)."""
+    from turingbox.engine.launch import vllm_env
 
     env = vllm_env(os.environ, plan.get("env"), cache_env)
     env["TURINGBOX_RUNTIME_DIR"] = runtime_dir
@@ -304,50 +302,45 @@ async def _warm_engine_async(plan, session, timeout, passthrough) -> None:
     from turingbox.serve import options as serve_options  # declares vllm_command
 
     del serve_options
-    vllm_command = settings.resolve(("vllm_command",))["vllm_command"]
-    from turingbox.serve.controller import instance_runtime_dir
+    resolved = settings.resolve(("vllm_command", "vllm_stop_grace_seconds"))
+    from turingbox.engine.launch import instance_runtime_dir
 
     base = ((plan.get("plugin") or {}).get("runtime_dir") or (plan.get("env") or {}).get("TURINGBOX_RUNTIME_DIR")
             or tempfile.gettempdir())
     runtime_dir = instance_runtime_dir(base, "warmup")    # this engine's own: a serve beside it keeps its files
     try:
-        await _run_engine(plan, session, timeout, passthrough, vllm_command, runtime_dir)
+        await _run_engine(plan, session, timeout, passthrough, resolved["vllm_command"], runtime_dir,
+                          resolved["vllm_stop_grace_seconds"])
     finally:
         shutil.rmtree(runtime_dir, ignore_errors=True)    # the engine is stopped, nothing reads it any more
 
 
-async def _run_engine(plan, session, timeout, passthrough, vllm_command, runtime_dir) -> None:
+async def _run_engine(plan, session, timeout, passthrough, vllm_command, runtime_dir, stop_grace_s) -> None:
+    """serve's launcher (turingbox.engine): the same argv, environment, supervisor, wait and worker check."""
     import asyncio
     import time
 
-    import httpx
-    from turingbox.serve import controller, supervisor
-    from turingbox_plugin.status import read_worker_status
+    from turingbox.engine import launch, supervisor
     from turingbox_warmup.active import run_active_warmup
 
-    port = controller.free_loopback_port()
-    argv = controller.vllm_argv(plan, port, passthrough, vllm_command)
+    port = launch.free_loopback_port()
+    argv = launch.vllm_argv(plan, port, passthrough, vllm_command)
     base = f"http://127.0.0.1:{port}"
     engine = supervisor.Supervisor(output=sys.stdout.buffer)
     stage("engine-start")
     await engine.start(argv, engine_env(plan, session.env, runtime_dir))
     try:
         deadline = time.monotonic() + timeout
-        async with httpx.AsyncClient(timeout=httpx.Timeout(2.0), trust_env=False) as client:
-            while True:
-                if not engine.running:
-                    raise SeedFailed(f"vLLM exited before it was ready ({supervisor.describe_exit(engine.returncode)}).")
-                if time.monotonic() > deadline:
-                    raise SeedFailed(f"vLLM did not answer within warmup_timeout={timeout:.0f} s.")
-                try:
-                    if (await client.get(base + "/health")).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                await asyncio.sleep(0.5)
+        try:
+            await launch.wait_until_answering(
+                base, deadline, lambda: engine.running,
+                what_timed_out=lambda: f"vLLM did not answer within warmup_timeout={timeout:.0f} s.",
+                exit_sentence=lambda: f"vLLM exited before it was ready ({supervisor.describe_exit(engine.returncode)}).")
+        except launch.EngineNotAnswering as exc:
+            raise SeedFailed(str(exc)) from None
         stage("engine-ready")
         stage("strict-warmup")
-        problems = strict_warmup_problems(read_worker_status(runtime_dir), int(plan.get("tensor_parallel_size") or 1))
+        problems = strict_warmup_problems(launch.read_workers(runtime_dir), int(plan.get("tensor_parallel_size") or 1))
         if problems:
             raise SeedFailed("Strict warmup did not pass: " + "; ".join(problems) + ".")
         stage("active-warmup")
@@ -355,4 +348,4 @@ async def _run_engine(plan, session, timeout, passthrough, vllm_command, runtime
         await asyncio.to_thread(run_active_warmup, base, model, None, max(60.0, deadline - time.monotonic()))
     finally:
         stage("engine-stop")
-        await engine.stop(15.0)
+        await engine.stop(stop_grace_s)

@@ -34,58 +34,25 @@ from typing import Any, Callable, Mapping
 import httpx
 import uvicorn
 
-from turingbox import settings
+from turingbox.engine.launch import (MASK, SECRET_FLAGS, flag_value, flag_values,  # noqa: F401
+                                     free_loopback_port, health_client, instance_runtime_dir, mask_argv,
+                                     own_variables, read_workers, vllm_argv, vllm_env, wait_until_answering,
+                                     worker_check, EngineNotAnswering)
 from turingbox.errors import UsageError
 from turingbox.serve import stages
 from turingbox.serve.metrics import ServeMetrics, gpu_uuids_of
 from turingbox.serve.options import ServeOptions, api_key_state
 from turingbox.serve.sidecar import ServeState, Sidecar, limited_protocol
-from turingbox.serve.supervisor import Supervisor, describe_exit
+from turingbox.engine.supervisor import Supervisor, describe_exit
 
 log = logging.getLogger("turingbox.serve")
 
 KEEPALIVE_S = 65
 EXIT_UPSTREAM_FAILED = 1        # vLLM died, or startup after launching it failed
-VLLM_MODULE = ("-m", "vllm.entrypoints.cli.main")
-# vLLM flags whose value is a secret (masked in logs and in /turingbox/plan).
-SECRET_FLAGS = ("--api-key", "--hf-token", "--ssl-keyfile-password")
 _SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL|_KEY$", re.I)
-MASK = "***"
-# The appliance's own variables (every declared setting's TURINGBOX_* name): turingbox resolves them
-# (flag > env > default) and hands vLLM only the results, in its argv (--additional-config) and the plan's
-# env. Passed on raw, the plugin in the workers would read them again with its own precedence
-# (TURINGBOX_GDN=auto made every worker refuse to start). TURINGBOX_* variables that are no setting of the
-# appliance (the plugin's own TURINGBOX_GDN_LIB, TURINGBOX_PRUNE_AUTOTUNE) pass through unchanged.
-
-
-def own_variables(parent: Mapping[str, str]) -> list[str]:
-    """The variables of `parent` that name one of the appliance's declared settings."""
-    names = {s.env_name for s in settings.REGISTRY.values()}
-    return sorted(k for k in parent if k in names)
 
 
 # ---- pure helpers ----------------------------------------------------------------------------
-
-def vllm_argv(plan: dict, upstream_port: int, passthrough: list[str], vllm_command: str | None,
-              python: str = sys.executable) -> list[str]:
-    """The full command line for vLLM: program, the plan's args, loopback host/port, then `--` args."""
-    program = shlex.split(vllm_command) if vllm_command else [python, *VLLM_MODULE]
-    return [*program, *plan["vllm_args"], "--host", "127.0.0.1", "--port", str(upstream_port), *passthrough]
-
-
-def vllm_env(parent: Mapping[str, str], plan_env: Mapping[str, Any] | None,
-             extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """vLLM's process environment: the parent's without the appliance's own settings, then the plan's env
-    (the resolved values; None unsets a variable, e.g. VLLM_PLUGINS), then extra (the cache paths)."""
-    own = set(own_variables(parent))
-    env = {k: v for k, v in parent.items() if k not in own}
-    for k, v in (plan_env or {}).items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = str(v)
-    env.update(extra or {})
-    return env
 
 
 def check_passthrough(passthrough: list[str]) -> None:
@@ -94,39 +61,6 @@ def check_passthrough(passthrough: list[str]) -> None:
         if flag in ("--host", "--port", "--uds"):
             raise UsageError(f"{flag} after -- would move vLLM away from the sidecar: use --host/--port for the "
                              "public address and --upstream-port for vLLM's loopback port.")
-
-
-def flag_values(argv: list[str], flag: str) -> list[str]:
-    """Every value given to flag (`--flag v` or `--flag=v`) in argv, in order."""
-    values = []
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            values.append(argv[i + 1])
-        elif arg.startswith(flag + "="):
-            values.append(arg.split("=", 1)[1])
-    return values
-
-
-def flag_value(argv: list[str], flag: str) -> str | None:
-    """The last value given to flag in argv, or None."""
-    values = flag_values(argv, flag)
-    return values[-1] if values else None
-
-
-def mask_argv(argv: list[str]) -> list[str]:
-    out, hide_next = [], False
-    for arg in argv:
-        if hide_next:
-            out.append(MASK)
-            hide_next = False
-        elif arg in SECRET_FLAGS:
-            out.append(arg)
-            hide_next = True
-        elif arg.split("=", 1)[0] in SECRET_FLAGS:
-            out.append(arg.split("=", 1)[0] + "=" + MASK)
-        else:
-            out.append(arg)
-    return out
 
 
 def public_plan(plan: dict, secrets: list[str]) -> dict:
@@ -163,30 +97,6 @@ def make_redactor(secrets: list[str]) -> Callable[[str], str]:
     return redact
 
 
-def worker_check(workers: list[dict], tensor_parallel_size: int, require_plugin: bool) -> str | None:
-    """None when the workers are fit to serve; otherwise one sentence saying what is wrong."""
-    by_rank = {}
-    for w in workers:
-        try:
-            by_rank[int(w.get("rank"))] = w
-        except (TypeError, ValueError):
-            continue
-    missing = [r for r in range(tensor_parallel_size) if r not in by_rank]
-    failed = [(r, (by_rank[r].get("warmup") or {})) for r in sorted(by_rank)
-              if not (by_rank[r].get("warmup") or {}).get("ok")]
-    if not require_plugin:
-        return None
-    if missing:
-        ranks = ", ".join(map(str, missing))
-        return (f"The turingbox plugin did not report from rank(s) {ranks} of {tensor_parallel_size} while "
-                "require_plugin is on: is turingbox-plugin installed where vLLM runs and VLLM_PLUGINS not empty?")
-    if failed:
-        rank, warm = failed[0]
-        why = warm.get("error") or "no error given"
-        return f"The plugin's strict warmup failed on rank {rank} ({why}) while require_plugin is on."
-    return None
-
-
 def cache_is_warm(status: Any) -> bool:
     """Whether the cache status says the compile caches were found (picks the startup estimate)."""
     if not isinstance(status, dict):
@@ -195,12 +105,6 @@ def cache_is_warm(status: Any) -> bool:
         return status["result"] == "hit"
     text = json.dumps(status)
     return '"hit"' in text and '"miss"' not in text
-
-
-def free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bind_public(host: str, port: int) -> socket.socket:
@@ -220,51 +124,6 @@ def bind_public(host: str, port: int) -> socket.socket:
                          "choose another --port / TURINGBOX_PORT.") from None
     sock.setblocking(False)
     return sock
-
-
-def instance_runtime_dir(base: str, kind: str) -> str:
-    """A fresh directory for one engine's worker status files and compile logs, under `base`
-    (`<base>/turingbox-<kind>-<pid>-XXXX`); directories of earlier instances whose process is gone are removed."""
-    os.makedirs(base, exist_ok=True)
-    for name in os.listdir(base):
-        m = re.fullmatch(r"turingbox-(?:serve|warmup)-(\d+)-\w+", name)
-        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"turingbox-{kind}-{os.getpid()}-", dir=base)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:       # someone else's process
-        return True
-    return True
-
-
-def read_workers(runtime_dir: str) -> list[dict]:
-    try:
-        from turingbox_plugin.status import read_worker_status
-    except ImportError:
-        read_worker_status = _read_worker_files
-    return read_worker_status(runtime_dir)
-
-
-def _read_worker_files(runtime_dir: str) -> list[dict]:
-    """Stand-in while turingbox_plugin.status is missing: the same files, read plainly."""
-    out = []
-    try:
-        names = sorted(n for n in os.listdir(runtime_dir) if n.startswith("worker-") and n.endswith(".json"))
-    except OSError:
-        return out
-    for name in names:
-        try:
-            with open(os.path.join(runtime_dir, name)) as f:
-                out.append(json.load(f))
-        except (OSError, ValueError):
-            continue
-    return out
 
 
 def _in_daemon_thread(fn: Callable, *args: Any) -> asyncio.Future:
@@ -612,26 +471,15 @@ class Controller:
         self.upstream_died.set()
 
     async def _wait_for_upstream(self, base: str) -> None:
-        deadline = time.monotonic() + self.options.startup_timeout_seconds
-        headers = {"Authorization": f"Bearer {self.upstream_key}"} if self.upstream_key else {}
-        async with health_client(2.0) as client:
-            while True:
-                if time.monotonic() > deadline:
-                    raise StartupFailed(
-                        f"vLLM did not answer within startup_timeout_seconds={self.options.startup_timeout_seconds:.0f} "
-                        f"(last stage: {self.tracker.stage}).")
-                try:
-                    # vLLM binds its port before the engine is up; /health only answers once it is.
-                    r = await client.get(base + "/health")
-                    if r.status_code == 200:
-                        models = await client.get(base + "/v1/models", headers=headers, timeout=10.0)
-                        if models.status_code == 200:
-                            ids = [m.get("id") for m in models.json().get("data", [])]
-                            log.info("vLLM answers on %s, models %s", base, ids)
-                            return
-                except (httpx.HTTPError, ValueError):
-                    pass
-                await asyncio.sleep(0.25)
+        limit = self.options.startup_timeout_seconds
+        try:
+            ids = await wait_until_answering(
+                base, time.monotonic() + limit, lambda: True, self.upstream_key,
+                what_timed_out=lambda: (f"vLLM did not answer within startup_timeout_seconds={limit:.0f} "
+                                        f"(last stage: {self.tracker.stage})."))
+        except EngineNotAnswering as exc:
+            raise StartupFailed(str(exc)) from None
+        log.info("vLLM answers on %s, models %s", base, ids)
 
     async def _active_warmup(self, base: str, model: str) -> None:
         try:
@@ -683,14 +531,6 @@ class Controller:
                     else:
                         log.info("vLLM answers /health again")
                 self.state.probe_failure = failure
-
-
-def health_client(timeout: float) -> httpx.AsyncClient:
-    """A fresh connection for every health check: vLLM's uvicorn closes idle keep-alive connections after
-    VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s), and a probe written into one it is closing fails with a ReadError
-    that says nothing about vLLM's health (seen on the GPU with a 5 s probe period)."""
-    return httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False,
-                             limits=httpx.Limits(max_keepalive_connections=0))
 
 
 def configure_logging() -> None:

@@ -1,0 +1,213 @@
+"""The one vLLM launcher that serve and warmup share: the process environment and command line, the engine's
+own status directory, the health client and the wait until vLLM answers, and the check of the workers'
+plugin reports. Nothing here knows about the sidecar (serve) or the caches (warmup): they pass in what
+they resolved."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Mapping
+
+import httpx
+
+from turingbox import settings
+
+VLLM_MODULE = ("-m", "vllm.entrypoints.cli.main")
+# vLLM flags whose value is a secret (masked in logs and in /turingbox/plan).
+SECRET_FLAGS = ("--api-key", "--hf-token", "--ssl-keyfile-password")
+MASK = "***"
+# The appliance's own variables (every declared setting's TURINGBOX_* name): turingbox resolves them
+# (flag > env > default) and hands vLLM only the results, in its argv (--additional-config) and the plan's
+# env. Passed on raw, the plugin in the workers would read them again with its own precedence
+# (TURINGBOX_GDN=auto made every worker refuse to start). TURINGBOX_* variables that are no setting of the
+# appliance (the plugin's own TURINGBOX_GDN_LIB, TURINGBOX_PRUNE_AUTOTUNE) pass through unchanged.
+
+
+def own_variables(parent: Mapping[str, str]) -> list[str]:
+    """The variables of `parent` that name one of the appliance's declared settings."""
+    names = {s.env_name for s in settings.REGISTRY.values()}
+    return sorted(k for k in parent if k in names)
+
+
+def vllm_argv(plan: dict, upstream_port: int, passthrough: list[str], vllm_command: str | None,
+              python: str = sys.executable) -> list[str]:
+    """The full command line for vLLM: program, the plan's args, loopback host/port, then `--` args."""
+    program = shlex.split(vllm_command) if vllm_command else [python, *VLLM_MODULE]
+    return [*program, *plan["vllm_args"], "--host", "127.0.0.1", "--port", str(upstream_port), *passthrough]
+
+
+def vllm_env(parent: Mapping[str, str], plan_env: Mapping[str, Any] | None,
+             extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """vLLM's process environment: the parent's without the appliance's own settings, then the plan's env
+    (the resolved values; None unsets a variable, e.g. VLLM_PLUGINS), then extra (the cache paths)."""
+    own = set(own_variables(parent))
+    env = {k: v for k, v in parent.items() if k not in own}
+    for k, v in (plan_env or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = str(v)
+    env.update(extra or {})
+    return env
+
+
+def flag_values(argv: list[str], flag: str) -> list[str]:
+    """Every value given to flag (`--flag v` or `--flag=v`) in argv, in order."""
+    values = []
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            values.append(argv[i + 1])
+        elif arg.startswith(flag + "="):
+            values.append(arg.split("=", 1)[1])
+    return values
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The last value given to flag in argv, or None."""
+    values = flag_values(argv, flag)
+    return values[-1] if values else None
+
+
+def mask_argv(argv: list[str]) -> list[str]:
+    out, hide_next = [], False
+    for arg in argv:
+        if hide_next:
+            out.append(MASK)
+            hide_next = False
+        elif arg in SECRET_FLAGS:
+            out.append(arg)
+            hide_next = True
+        elif arg.split("=", 1)[0] in SECRET_FLAGS:
+            out.append(arg.split("=", 1)[0] + "=" + MASK)
+        else:
+            out.append(arg)
+    return out
+
+
+def worker_check(workers: list[dict], tensor_parallel_size: int, require_plugin: bool) -> str | None:
+    """None when the workers are fit to serve; otherwise one sentence saying what is wrong."""
+    by_rank = {}
+    for w in workers:
+        try:
+            by_rank[int(w.get("rank"))] = w
+        except (TypeError, ValueError):
+            continue
+    missing = [r for r in range(tensor_parallel_size) if r not in by_rank]
+    failed = [(r, (by_rank[r].get("warmup") or {})) for r in sorted(by_rank)
+              if not (by_rank[r].get("warmup") or {}).get("ok")]
+    if not require_plugin:
+        return None
+    if missing:
+        ranks = ", ".join(map(str, missing))
+        return (f"The turingbox plugin did not report from rank(s) {ranks} of {tensor_parallel_size} while "
+                "require_plugin is on: is turingbox-plugin installed where vLLM runs and VLLM_PLUGINS not empty?")
+    if failed:
+        rank, warm = failed[0]
+        why = warm.get("error") or "no error given"
+        return f"The plugin's strict warmup failed on rank {rank} ({why}) while require_plugin is on."
+    return None
+
+
+def free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def instance_runtime_dir(base: str, kind: str) -> str:
+    """A fresh directory for one engine's worker status files and compile logs, under `base`
+    (`<base>/turingbox-<kind>-<pid>-XXXX`); directories of earlier instances whose process is gone are removed."""
+    os.makedirs(base, exist_ok=True)
+    for name in os.listdir(base):
+        m = re.fullmatch(r"turingbox-(?:serve|warmup)-(\d+)-\w+", name)
+        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"turingbox-{kind}-{os.getpid()}-", dir=base)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:       # someone else's process
+        return True
+    return True
+
+
+def read_workers(runtime_dir: str) -> list[dict]:
+    try:
+        from turingbox_plugin.status import read_worker_status
+    except ImportError:
+        read_worker_status = _read_worker_files
+    return read_worker_status(runtime_dir)
+
+
+def _read_worker_files(runtime_dir: str) -> list[dict]:
+    """Stand-in while turingbox_plugin.status is missing: the same files, read plainly."""
+    out = []
+    try:
+        names = sorted(n for n in os.listdir(runtime_dir) if n.startswith("worker-") and n.endswith(".json"))
+    except OSError:
+        return out
+    for name in names:
+        try:
+            with open(os.path.join(runtime_dir, name)) as f:
+                out.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def health_client(timeout: float) -> httpx.AsyncClient:
+    """A fresh connection for every health check: vLLM's uvicorn closes idle keep-alive connections after
+    VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s), and a probe written into one it is closing fails with a ReadError
+    that says nothing about vLLM's health (seen on the GPU with a 5 s probe period)."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False,
+                             limits=httpx.Limits(max_keepalive_connections=0))
+
+
+
+class EngineNotAnswering(Exception):
+    """vLLM exited, or did not answer /health and /v1/models before the deadline; the message says which."""
+
+
+async def wait_until_answering(base: str, deadline: float, running: Callable[[], bool],
+                               api_key: str | None = None, what_timed_out: Callable[[], str] | None = None,
+                               exit_sentence: Callable[[], str] | None = None) -> list[str]:
+    """Poll until vLLM answers /health and /v1/models (it binds its port before the engine is up; /health only
+    answers once it is), with a fresh connection for every poll (health_client). Returns the served model ids."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with health_client(2.0) as client:
+        while True:
+            if not running():
+                raise EngineNotAnswering(exit_sentence() if exit_sentence else "vLLM exited before it was ready.")
+            if time.monotonic() > deadline:
+                raise EngineNotAnswering(what_timed_out() if what_timed_out else "vLLM did not answer in time.")
+            try:
+                r = await client.get(base + "/health")
+                if r.status_code == 200:
+                    models = await client.get(base + "/v1/models", headers=headers, timeout=10.0)
+                    if models.status_code == 200:
+                        return [m.get("id") for m in models.json().get("data", [])]
+            except (httpx.HTTPError, ValueError):
+                pass
+            await asyncio.sleep(0.25)
+
+
+def jit_after_ready(workers: list[dict]) -> list[str]:
+    """One phrase per worker that compiled a kernel after ready (empty: none did)."""
+    out = []
+    for w in workers:
+        jit = {k: v for k, v in (w.get("jit_after_ready") or {}).items() if v}
+        if jit:
+            out.append(f"worker {w.get('rank')} compiled after ready: " + ", ".join(sorted(jit)))
+    return out
