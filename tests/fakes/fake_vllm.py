@@ -313,7 +313,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         stream = bool(body.get("stream"))
         event("request", id=rid, path=path, query=query, stream=stream, chunks=n, bytes=len(raw),
-              authorization=self.headers.get("Authorization"), request_headers=dict(self.headers.items()))
+              authorization=self.headers.get("Authorization"), request_headers=dict(self.headers.items()),
+              allowed_token_ids=body.get("allowed_token_ids"))
         if stream:
             self._stream(rid, chat, n, bool((body.get("stream_options") or {}).get("include_usage")))
         else:

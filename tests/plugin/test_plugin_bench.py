@@ -115,13 +115,15 @@ def test_active_warmup_runs_every_shape(fake_vllm_factory, tmp_path):
     r = run_active_warmup(url, "demo", timeout=60, concurrencies=(1, 3))
     assert [x["name"] for x in r["requests"]] == ["chat-greedy", "chat-sampled-stream", "completion-greedy-stream",
                                                   "completion-sampled", "chat-long-prompt", "chat-tool-call",
-                                                  "chat-forced-tool-call", "chat-json-object"]
+                                                  "chat-forced-tool-call", "chat-json-object", "chat-json-allowed-ids"]
     assert [b["concurrency"] for b in r["concurrency"]] == [1, 3]
     assert all(x["ttft_seconds"] is not None for x in r["requests"] if "stream" in x["name"])
     seen = [json.loads(l) for l in events.read_text().splitlines() if '"request"' in l]
     seen = [e for e in seen if e.get("kind", e.get("event")) == "request"] or seen
     assert sum(1 for e in seen if e.get("stream")) >= 2
-    assert len(seen) == 8 + 1 + 3
+    assert len(seen) == 9 + 1 + 3
+    allowed = next(e for e in seen if e.get("allowed_token_ids"))     # "{" from the fake's /tokenize
+    assert allowed["allowed_token_ids"] == [1000 + ord("{")]
     assert max(e["bytes"] for e in seen) > 10_000                      # the long prompt really is long
 
 

@@ -429,7 +429,9 @@ def test_vllm_gets_resolved_values_not_the_raw_turingbox_variables(serve_factory
     own = {k: v for k, v in child.items() if k.startswith("TURINGBOX_") and k != "TURINGBOX_PLUGIN"}
     assert own == {k: v for k, v in plan["env"].items() if k.startswith("TURINGBOX_")}, own
     assert child["TURINGBOX_PLUGIN"] == "1"      # the plugin's own switch, no appliance setting: passed on
-    assert own["TURINGBOX_RUNTIME_DIR"] == os.path.join(s.tmp, "runtime") and own["TURINGBOX_BENCHMARK_MODE"] == "0"
+    instance = own["TURINGBOX_RUNTIME_DIR"]          # the engine's own directory under the configured one
+    assert os.path.dirname(instance) == os.path.join(s.tmp, "runtime") and os.path.isdir(instance)
+    assert os.path.basename(instance).startswith(f"turingbox-serve-{s.proc.pid}-") and own["TURINGBOX_BENCHMARK_MODE"] == "0"
     assert child["SOME_OTHER_SETTING"] == "kept" and child["FAKE_VLLM_EVENTS"] == s.events_path
     assert child["CUDA_VISIBLE_DEVICES"] == plan["env"]["CUDA_VISIBLE_DEVICES"] and "VLLM_PLUGINS" not in child
     argv = s.events("started")[0]["argv"]
