@@ -146,3 +146,57 @@ def test_nvml_without_driver_is_one_sentence():
 def test_gpu_from_dict_rejects_non_objects():
     with pytest.raises(UsageError):
         gpu_from_dict([1, 2], "entry 0")
+
+
+class FakeNvmlTelemetry(FakeNvml):
+    """pynvml's live-telemetry calls too (same names and return shapes)."""
+    NVML_TEMPERATURE_GPU = 0
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        if h.get("broken"):
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+        return SimpleNamespace(gpu=h["util"], memory=0)
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        assert sensor == self.NVML_TEMPERATURE_GPU
+        return h["temp"]
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return h["mw"]
+
+
+def test_telemetry_samples_the_plans_gpus_and_skips_a_broken_one():
+    from turingbox.gpus.inventory import NvmlTelemetry
+    dev = {"cc": (7, 5), "total": 22528 << 20, "free": 2000 << 20, "bus": "x", "name": "x", "util": 87, "temp": 71,
+           "mw": 251_500}
+    fake = FakeNvmlTelemetry([{**dev, "uuid": b"GPU-aaaa"}, {**dev, "uuid": "GPU-bbbb"},
+                              {**dev, "uuid": "GPU-cccc", "broken": True}])
+    t = NvmlTelemetry(fake)
+    all_ = t.sample()
+    assert [g.uuid for g in all_] == ["GPU-aaaa", "GPU-bbbb"]             # the lost GPU does not hide the others
+    g = t.sample(["GPU-bbbb"])
+    assert [(x.index, x.uuid) for x in g] == [(1, "GPU-bbbb")]
+    assert (g[0].utilization_ratio, g[0].temperature_celsius, g[0].power_watts) == (0.87, 71.0, 251.5)
+    assert g[0].memory_used_bytes == float((22528 - 2000) << 20) and g[0].memory_total_bytes == float(22528 << 20)
+
+
+def test_telemetry_without_nvml_is_empty_not_an_error():
+    from turingbox.gpus.inventory import NvmlTelemetry
+    t = NvmlTelemetry(FakeNvml([], fail_init=RuntimeError("Driver Not Loaded")))
+    assert t.sample() == [] and t.sample(["GPU-x"]) == []
+
+
+def test_metrics_report_the_telemetry_samples():
+    from prometheus_client import CollectorRegistry, generate_latest
+    from turingbox.gpus.inventory import NvmlTelemetry
+    from turingbox.serve.metrics import _GpuCollector
+    dev = {"cc": (7, 5), "total": 1 << 30, "free": 1 << 29, "bus": "x", "name": "x", "util": 50, "temp": 60, "mw": 100_000}
+    reg = CollectorRegistry()
+    reg.register(_GpuCollector(lambda: ["GPU-aaaa"], NvmlTelemetry(FakeNvmlTelemetry([{**dev, "uuid": "GPU-aaaa"},
+                                                                                     {**dev, "uuid": "GPU-zzzz"}]))))
+    page = generate_latest(reg).decode()
+    assert 'turingbox_gpu_utilization_ratio{index="0",uuid="GPU-aaaa"} 0.5' in page
+    assert 'turingbox_gpu_power_watts{index="0",uuid="GPU-aaaa"} 100.0' in page and "GPU-zzzz" not in page
+    empty = CollectorRegistry()
+    empty.register(_GpuCollector(lambda: [], NvmlTelemetry(FakeNvml([], fail_init=RuntimeError("no driver")))))
+    assert "turingbox_gpu_" not in generate_latest(empty).decode()

@@ -1,11 +1,14 @@
 """GPU inventory: what NVML reports (or a JSON file shaped like it), with visibility applied.
 
-The only module that talks to NVML is `NvmlSource`; everything else works on `Gpu` values, so the
-planner and its tests run on machines without a GPU (`--gpus-json FILE`).
+The appliance talks to NVML here only: `NvmlSource` for the inventory the planner reads, `NvmlTelemetry`
+for the live samples /metrics reports. Everything else works on `Gpu` / `GpuSample` values, so the planner
+and its tests run on machines without a GPU (`--gpus-json FILE`). (The plugin, installable alone, has its
+own read for `turingbox-plugin doctor`.)
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from dataclasses import asdict, dataclass, field
@@ -16,6 +19,7 @@ from turingbox.errors import PlanError, UsageError
 INVENTORY_FIELDS = ("index", "uuid", "name", "compute_capability", "memory_total_mib",
                     "memory_free_mib", "pci_bus_id")
 _CC = re.compile(r"^(\d+)\.(\d+)$")
+log = logging.getLogger("turingbox.gpus")
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,68 @@ class NvmlSource:
                 nvml.nvmlShutdown()
             except Exception:
                 pass
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU's live telemetry, as /metrics reports it."""
+    index: int
+    uuid: str
+    memory_used_bytes: float
+    memory_total_bytes: float
+    utilization_ratio: float
+    temperature_celsius: float
+    power_watts: float
+
+
+class NvmlTelemetry:
+    """Live telemetry through NVML for the sidecar's /metrics: NVML is started once and kept (a scrape every
+    few seconds); without NVML (no driver, CPU-only) `sample` returns [] and says so once in the log."""
+
+    def __init__(self, nvml: Any = None):
+        self._nvml = nvml
+        self._started = False
+        self._unavailable = False
+
+    def _start(self) -> Any:
+        if not self._started and not self._unavailable:
+            try:
+                if self._nvml is None:
+                    import pynvml  # nvidia-ml-py
+                    self._nvml = pynvml
+                self._nvml.nvmlInit()
+                self._started = True
+            except Exception as exc:
+                self._unavailable = True
+                log.info("GPU telemetry off: NVML is not available (%s)", _nvml_reason(exc))
+        return self._nvml if self._started else None
+
+    def sample(self, uuids: Sequence[str] = ()) -> list[GpuSample]:
+        """The GPUs whose UUID is in `uuids` (all when empty); a device that fails a read is left out."""
+        nv = self._start()
+        if nv is None:
+            return []
+        wanted = set(uuids)
+        try:
+            count = nv.nvmlDeviceGetCount()
+        except Exception:
+            return []
+        out = []
+        for i in range(count):
+            try:
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                uuid = _text(nv.nvmlDeviceGetUUID(h))
+                if wanted and uuid not in wanted:
+                    continue
+                m = nv.nvmlDeviceGetMemoryInfo(h)
+                out.append(GpuSample(
+                    index=i, uuid=uuid, memory_used_bytes=float(m.used), memory_total_bytes=float(m.total),
+                    utilization_ratio=nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0,
+                    temperature_celsius=float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                    power_watts=nv.nvmlDeviceGetPowerUsage(h) / 1000.0))
+            except Exception:       # one odd device (or a field it lacks) must not hide the others
+                continue
+        return out
 
 
 def _text(value: Any) -> str:

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from turingbox.gpus.inventory import NvmlTelemetry
 from turingbox.serve import stages
 
 log = logging.getLogger("turingbox.serve")
@@ -148,54 +149,29 @@ class _WorkerCollector(Collector):
 
 
 class _GpuCollector(Collector):
-    """GPU telemetry through NVML when there is one; nothing (and no error) otherwise."""
+    """GPU telemetry (gpus.inventory.NvmlTelemetry) when there is NVML; nothing (and no error) otherwise."""
 
-    def __init__(self, gpu_uuids: Callable[[], list[str]]) -> None:
+    def __init__(self, gpu_uuids: Callable[[], list[str]], telemetry: NvmlTelemetry | None = None) -> None:
         self.gpu_uuids = gpu_uuids
-        self._nvml = None
-        self._unavailable = False
-
-    def _init(self):
-        if self._nvml is None and not self._unavailable:
-            try:
-                import pynvml
-                pynvml.nvmlInit()
-                self._nvml = pynvml
-            except Exception as exc:
-                self._unavailable = True
-                log.info("GPU telemetry off: NVML is not available (%s)", exc)
-        return self._nvml
+        self.telemetry = telemetry or NvmlTelemetry()
 
     def collect(self) -> Iterable:
-        nv = self._init()
-        if nv is None:
+        samples = self.telemetry.sample(self.gpu_uuids())
+        if not samples:
             return
-        wanted = set(self.gpu_uuids())
-        util = GaugeMetricFamily("turingbox_gpu_utilization_ratio", "GPU busy fraction", labels=["index", "uuid"])
-        mem = GaugeMetricFamily("turingbox_gpu_memory_used_bytes", "GPU memory in use", labels=["index", "uuid"])
-        total = GaugeMetricFamily("turingbox_gpu_memory_total_bytes", "GPU memory", labels=["index", "uuid"])
-        temp = GaugeMetricFamily("turingbox_gpu_temperature_celsius", "GPU temperature", labels=["index", "uuid"])
-        power = GaugeMetricFamily("turingbox_gpu_power_watts", "GPU power draw", labels=["index", "uuid"])
-        try:
-            count = nv.nvmlDeviceGetCount()
-        except Exception:
-            return
-        for i in range(count):
-            try:
-                h = nv.nvmlDeviceGetHandleByIndex(i)
-                uuid = nv.nvmlDeviceGetUUID(h)
-                uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-                if wanted and uuid not in wanted:
-                    continue
-                labels = [str(i), uuid]
-                m = nv.nvmlDeviceGetMemoryInfo(h)
-                mem.add_metric(labels, float(m.used))
-                total.add_metric(labels, float(m.total))
-                util.add_metric(labels, nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
-                temp.add_metric(labels, float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))
-                power.add_metric(labels, nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
-            except Exception:       # one odd device (or a field it lacks) must not hide the others
-                continue
+        labels = ["index", "uuid"]
+        util = GaugeMetricFamily("turingbox_gpu_utilization_ratio", "GPU busy fraction", labels=labels)
+        mem = GaugeMetricFamily("turingbox_gpu_memory_used_bytes", "GPU memory in use", labels=labels)
+        total = GaugeMetricFamily("turingbox_gpu_memory_total_bytes", "GPU memory", labels=labels)
+        temp = GaugeMetricFamily("turingbox_gpu_temperature_celsius", "GPU temperature", labels=labels)
+        power = GaugeMetricFamily("turingbox_gpu_power_watts", "GPU power draw", labels=labels)
+        for g in samples:
+            key = [str(g.index), g.uuid]
+            util.add_metric(key, g.utilization_ratio)
+            mem.add_metric(key, g.memory_used_bytes)
+            total.add_metric(key, g.memory_total_bytes)
+            temp.add_metric(key, g.temperature_celsius)
+            power.add_metric(key, g.power_watts)
         yield from (util, mem, total, temp, power)
 
 
