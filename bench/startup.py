@@ -271,16 +271,9 @@ class Bench:
         return plan
 
     def plain_argv(self, plan: dict, port: int) -> list[str]:
-        """The plan's vLLM argv without turingbox's worker class and additional config."""
-        args, skip = [], False
-        for arg in plan["vllm_args"]:
-            if skip:
-                skip = False
-            elif arg in ("--worker-cls", "--additional-config"):
-                skip = True
-            else:
-                args.append(arg)
-        return [*self.vllm_program, *args, "--host", "127.0.0.1", "--port", str(port)]
+        """The plan's vLLM argv without turingbox's worker class and additional config (the one launcher's)."""
+        from turingbox.engine.launch import plain_vllm_args
+        return [*self.vllm_program, *plain_vllm_args(plan["vllm_args"]), "--host", "127.0.0.1", "--port", str(port)]
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()

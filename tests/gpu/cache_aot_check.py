@@ -190,11 +190,8 @@ def engine_capture(work: str, out_dir: str, arch: str) -> dict:
     if plan_run.returncode != 0:
         return {"error": "turingbox plan failed", "stderr_tail": plan_run.stderr[-2000:]}
     plan = json.loads(plan_run.stdout)
-    argv = list(plan["vllm_args"])
-    for flag in ("--worker-cls", "--additional-config"):     # vLLM's own launches only
-        if flag in argv:
-            i = argv.index(flag)
-            del argv[i:i + 2]
+    from turingbox.engine.launch import plain_vllm_args
+    argv = plain_vllm_args(plan["vllm_args"])                  # vLLM's own launches only
     model = argv[1]
     if not os.path.isfile(os.path.join(model, "config.json")):
         demo = [sys.executable, "-m", "turingbox", "demo-model", model] + (["--awq"] if plan.get("quantization") else [])

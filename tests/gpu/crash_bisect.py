@@ -29,15 +29,8 @@ class Server:
             env["TURINGBOX_CACHE_DIR"] = a.cache
             return [sys.executable, "-m", "turingbox", "serve", "--model", plan["model"], "--port", str(a.port),
                     "--upstream-port", str(a.port + 1)], env
-        args, skip = [], False
-        for x in plan["vllm_args"]:
-            if skip:
-                skip = False
-                continue
-            if x in ("--worker-cls", "--additional-config"):
-                skip = True
-                continue
-            args.append(x)
+        from turingbox.engine.launch import plain_vllm_args
+        args = plain_vllm_args(plan["vllm_args"])
         env.update(VLLM_PLUGINS="", VLLM_CACHE_ROOT=f"{a.cache}/vllm", TRITON_CACHE_DIR=f"{a.cache}/triton",
                    TORCHINDUCTOR_CACHE_DIR=f"{a.cache}/inductor", FLASHINFER_WORKSPACE_BASE=f"{a.cache}/flashinfer")
         for k, v in plan.get("env", {}).items():

@@ -199,15 +199,8 @@ def main() -> int:
     served = plan.get("served_model_name") or plan["model"]
 
     # Plain vLLM: the plan's argv without turingbox's worker class and config, plugin loading off.
-    plain_args, skip = [], False
-    for a in plan["vllm_args"]:
-        if skip:
-            skip = False
-            continue
-        if a in ("--worker-cls", "--additional-config"):
-            skip = True
-            continue
-        plain_args.append(a)
+    from turingbox.engine.launch import plain_vllm_args
+    plain_args = plain_vllm_args(plan["vllm_args"])
     plain_cache = args.plain_cache or args.cache + "-plain"
     env_plain = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu_plain, VLLM_PLUGINS="", PYTHONUNBUFFERED="1",
                      VLLM_CACHE_ROOT=os.path.join(plain_cache, "vllm"),

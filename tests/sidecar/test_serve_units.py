@@ -167,3 +167,11 @@ def test_small_helpers():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+def test_plain_vllm_args_drop_only_the_plugins_flags():
+    from turingbox.engine.launch import plain_vllm_args
+    args = ["serve", "/m", "--max-num-seqs", "16", "--worker-cls", "turingbox_plugin.worker.TuringboxWorker",
+            "--additional-config", '{"turingbox": {}}', "--additional-config={}", "--enable-prefix-caching"]
+    assert plain_vllm_args(args) == ["serve", "/m", "--max-num-seqs", "16", "--enable-prefix-caching"]
+    assert plain_vllm_args(["serve", "/m"]) == ["serve", "/m"]

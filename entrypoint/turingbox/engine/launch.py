@@ -44,6 +44,23 @@ def vllm_argv(plan: dict, upstream_port: int, passthrough: list[str], vllm_comma
     return [*program, *plan["vllm_args"], "--host", "127.0.0.1", "--port", str(upstream_port), *passthrough]
 
 
+PLUGIN_FLAGS = ("--worker-cls", "--additional-config")   # what turingbox adds to vLLM's argv for the plugin
+
+
+def plain_vllm_args(vllm_args: list[str]) -> list[str]:
+    """The plan's vLLM arguments as a plain `vllm serve` takes them: without turingbox's worker class and
+    additional config (`--flag value` and `--flag=value`). The benches and GPU checks compare against it."""
+    out, skip = [], False
+    for arg in vllm_args:
+        if skip:
+            skip = False
+        elif arg in PLUGIN_FLAGS:
+            skip = True
+        elif arg.split("=", 1)[0] not in PLUGIN_FLAGS:
+            out.append(arg)
+    return out
+
+
 def vllm_env(parent: Mapping[str, str], plan_env: Mapping[str, Any] | None,
              extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """vLLM's process environment: the parent's without the appliance's own settings, then the plan's env
