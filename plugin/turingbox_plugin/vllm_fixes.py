@@ -120,9 +120,9 @@ VERIFY_VALIDATES_STRUCTURED = "self._validate_structured_outputs(structured_outp
 XGRAMMAR_COMPILES_JSON = "ctx = self.compiler.compile_json_schema("
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
-# (id(tokenizer), vocab_size, disable_any_whitespace) -> (tokenizer, XgrammarBackend): TokenizerInfo for a
-# 248k vocabulary takes seconds, so only the first request with both parameters pays it.
-_xgrammar_backends: dict[tuple, list[Any]] = {}     # key -> [tokenizer, backend or None, built Event]
+# (id(tokenizer), vocab_size, disable_any_whitespace) -> [tokenizer, XgrammarBackend or None, built Event]:
+# one backend per tokenizer, built once on a thread (_xgrammar_backend).
+_xgrammar_backends: dict[tuple, list[Any]] = {}
 _xgrammar_lock = threading.Lock()
 # Tests set it to wait for the backend instead of letting the first requests through unchecked.
 _WAIT_FOR_BACKEND = False

@@ -299,12 +299,11 @@ def _warm_engine(plan: Mapping[str, Any], session: cache.CacheSession, timeout: 
 async def _warm_engine_async(plan, session, timeout, passthrough) -> None:
     import tempfile
 
-    from turingbox.serve import options as serve_options  # declares vllm_command
+    from turingbox.engine.launch import instance_runtime_dir
+    from turingbox.serve import options as serve_options  # declares vllm_command, vllm_stop_grace_seconds
 
     del serve_options
     resolved = settings.resolve(("vllm_command", "vllm_stop_grace_seconds"))
-    from turingbox.engine.launch import instance_runtime_dir
-
     base = ((plan.get("plugin") or {}).get("runtime_dir") or (plan.get("env") or {}).get("TURINGBOX_RUNTIME_DIR")
             or tempfile.gettempdir())
     runtime_dir = instance_runtime_dir(base, "warmup")    # this engine's own: a serve beside it keeps its files

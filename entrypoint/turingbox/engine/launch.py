@@ -192,7 +192,6 @@ def health_client(timeout: float) -> httpx.AsyncClient:
                              limits=httpx.Limits(max_keepalive_connections=0))
 
 
-
 class EngineNotAnswering(Exception):
     """vLLM exited, or did not answer /health and /v1/models before the deadline; the message says which."""
 

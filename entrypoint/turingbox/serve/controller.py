@@ -34,16 +34,17 @@ from typing import Any, Callable, Mapping
 import httpx
 import uvicorn
 
-from turingbox.engine.launch import (MASK, SECRET_FLAGS, flag_value, flag_values,  # noqa: F401
-                                     free_loopback_port, health_client, instance_runtime_dir, mask_argv,
-                                     own_variables, read_workers, vllm_argv, vllm_env, wait_until_answering,
-                                     worker_check, EngineNotAnswering)
+# Names the sidecar tests and callers used from here before the launcher moved to engine/ stay importable.
+from turingbox.engine.launch import (MASK, SECRET_FLAGS, EngineNotAnswering, flag_value,  # noqa: F401
+                                     flag_values, free_loopback_port, health_client, instance_runtime_dir,
+                                     mask_argv, own_variables, read_workers, vllm_argv, vllm_env,
+                                     wait_until_answering, worker_check)
+from turingbox.engine.supervisor import Supervisor, describe_exit
 from turingbox.errors import UsageError
 from turingbox.serve import stages
 from turingbox.serve.metrics import ServeMetrics, gpu_uuids_of
 from turingbox.serve.options import ServeOptions, api_key_state
 from turingbox.serve.sidecar import ServeState, Sidecar, limited_protocol
-from turingbox.engine.supervisor import Supervisor, describe_exit
 
 log = logging.getLogger("turingbox.serve")
 
