@@ -578,6 +578,22 @@ def first_check(url: str, model: str) -> dict:
 
 # -- replay
 
+# Refusals that are turingbox's own (the plugin's API-server check), where plain vLLM 0.21 fails the same request
+# with a 500 (vllm#53665's kin: allowed_token_ids that cannot start the structured output). A 4xx here against
+# plain vLLM's 5xx is the fix, not a difference to explain; any other status difference is.
+TURINGBOX_OWN_REFUSALS = ("allowed_token_ids and structured_outputs leave no token to generate",)
+
+
+def split_replay_mismatches(mismatches: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(turingbox's own 4xx where plain vLLM answered 5xx, every other mismatch)."""
+    own, other = [], []
+    for m in mismatches:
+        ours = 400 <= (m.get("soak_status") or 0) < 500 and (m.get("plain_status") or 0) >= 500 \
+            and any(t in (m.get("soak_error") or "") for t in TURINGBOX_OWN_REFUSALS)
+        (own if ours else other).append(m)
+    return own, other
+
+
 
 async def replay(args: argparse.Namespace) -> dict:
     recs = [json.loads(l) for l in open(args.replay) if l.strip()]
@@ -623,8 +639,9 @@ async def replay(args: argparse.Namespace) -> dict:
             "n_sample": len(rowss), "n_sample_same_status": len(rowss) - len(mismS),
             "sample_status_pairs": dict(collections.Counter(f"{x['soak_status']}->{x['plain_status']}" for x in rowss)),
             "4xx_status_pairs": dict(collections.Counter(f"{x['soak_status']}->{x['plain_status']}" for x in rows4)),
-            "mismatches_4xx": mism4, "mismatches_sample": mismS,
-            "ok": not mism4}
+            "mismatches_4xx": mism4, "mismatches_sample": mismS}
+    own, other = split_replay_mismatches(mism4)
+    cmp_.update(n_turingbox_refusals_of_vllm_5xx=len(own), n_unexplained_4xx_mismatches=len(other), ok=not other)
     with open(os.path.join(args.out, f"replay-{tag}.json"), "w") as f:
         json.dump(cmp_, f, indent=1)
     return cmp_
@@ -659,7 +676,9 @@ def verdict(args: argparse.Namespace) -> dict:
                 re.findall(r"during inference: (\S+?)\.", "".join(lines))))}
     v["jit_monitor"] = monitor
     if rep:
-        v.update(replay_ok=rep["ok"], replay_4xx=f"{rep['n_4xx_same_status']}/{rep['n_4xx']}",
+        own, other = split_replay_mismatches(rep.get("mismatches_4xx") or [])
+        v.update(replay_ok=not other, replay_4xx=f"{rep['n_4xx_same_status']}/{rep['n_4xx']}",
+                 replay_4xx_turingbox_refusals_of_vllm_5xx=len(own), replay_4xx_unexplained=len(other),
                  replay_sample=f"{rep['n_sample_same_status']}/{rep['n_sample']}")
     with open(os.path.join(out, f"verdict-{tag}.json"), "w") as f:
         json.dump(v, f, indent=1)

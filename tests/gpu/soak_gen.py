@@ -57,6 +57,11 @@ FAIL_KINDS = [
 ]
 
 
+# families whose request carries a structured output (tool_choice required / named is one too)
+STRUCTURED_FAMILIES = frozenset({"response_format_json_object", "response_format_json_schema", "so_regex", "so_choice",
+                                 "so_grammar", "so_json", "so_structural_tag", "tools_required", "tools_named"})
+
+
 def loguniform(rng: random.Random, lo: float, hi: float) -> int:
     return int(math.exp(rng.uniform(math.log(lo), math.log(hi + 1))))
 
@@ -218,11 +223,13 @@ class SoakGen:
         x = r.random()
         if x < 0.03:
             return 1, "tiny"
-        if x < 0.60:
+        # long and near-max prompts are most of the GPU's prefill work (session 6: 112 of 815 requests, 3.3M of
+        # 3.7M prompt tokens); fewer of them, still every class, so a 10-min soak reaches 2,000 requests
+        if x < 0.64:
             return loguniform(r, 2, 512), "short"
-        if x < 0.88:
+        if x < 0.925:
             return loguniform(r, 512, min(4096, mml // 2)), "medium"
-        if x < 0.98:
+        if x < 0.986:
             return loguniform(r, min(4096, mml // 2), max(min(30000, mml - 4096), min(4096, mml // 2) + 1)), "long"
         if x < 0.992:
             lo = min(30000, mml // 2)
@@ -340,6 +347,14 @@ class SoakGen:
         timeout = 600.0 if (tokens > 30000 or mt >= 512 or body.get("use_beam_search")) else 300.0
         if expect == "ok":        # a sampling knob that vLLM refuses here (min_p / logit_bias with MTP)
             expect = next((f for f in fam if f.startswith("fail:")), expect)
+        # Either answer is right (no draw here: the seed's sequence stays the same):
+        # - allowed_token_ids with a structured output: the plugin answers 400 when no allowed id can start the
+        #   output, which only a tokenizer and the grammar decide (session 7: 2 of 547);
+        # - an over-long prompt with truncate_prompt_tokens: vLLM cuts it instead of refusing it (session 7).
+        if expect == "ok" and "allowed_token_ids" in fam and any(f in STRUCTURED_FAMILIES for f in fam):
+            expect = "boundary"
+        if expect == "fail:over_max_model_len" and "truncate_prompt_tokens" in body:
+            expect = "boundary"
         return Req(rid, "chat" if chat else "completions", body, fam, expect, tokens, pclass, mt, timeout, raw)
 
     def _sampling(self, b: dict, fam: list[str], chat: bool, small: bool, mt: int) -> None:

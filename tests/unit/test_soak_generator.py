@@ -150,3 +150,44 @@ def test_every_request_vllm_refuses_is_expected_to_fail():
         if "fail:min_p_mtp" in r.families:
             assert r.body.get("temperature", 1.0) != 0.0, r.body
     assert any("fail:min_p_mtp" in r.families for r in reqs) and any("fail:logit_bias_mtp" in r.families for r in reqs)
+
+
+def test_replay_counts_only_turingbox_own_refusals_of_a_vllm_500_as_explained():
+    """Session 7's replay: plain vLLM answered 500 to two requests the plugin refuses with 400; those are the fix.
+    Any other status difference, a 400 of vLLM's own against a 500 included, still fails the replay."""
+    import soak
+    ours = {"soak_status": 400, "plain_status": 500,
+            "soak_error": "allowed_token_ids and structured_outputs leave no token to generate: none of the 36 "
+                          "allowed ids can start the choice output.", "plain_error": "Internal server error"}
+    vllms_own = {"soak_status": 400, "plain_status": 500, "soak_error": "top_p must be in (0, 1], got 2.0."}
+    other_way = {**ours, "soak_status": 500, "plain_status": 400}
+    plain_ok = {**ours, "plain_status": 200}
+    own, other = soak.split_replay_mismatches([ours, vllms_own, other_way, plain_ok])
+    assert own == [ours]
+    assert other == [vllms_own, other_way, plain_ok]
+
+
+def test_session7_requests_that_may_go_either_way_are_boundary():
+    """The H200 soak (seed 15) counted ids 9 and 449 (allowed_token_ids + a structured output: the plugin's 400) as
+    unexpected 4xx (id 342 is the same inside a stream's 200), and id 272 (over max_model_len with
+    truncate_prompt_tokens: vLLM truncates, 200) as an expected failure that passed. The same seed now draws them
+    as boundary requests, every other request as it was."""
+    import gzip
+    rec = {}
+    path = os.path.join(REPO, "docs", "data", "2026-12-02-h200-s7", "soak-soak64.jsonl.gz")
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            r = json.loads(line)
+            if r["id"] >= 0:
+                rec[r["id"]] = r
+    summary = json.load(open(path.replace(".jsonl.gz", ".json")))
+    gen = G.SoakGen(15, "demo", summary["server"]["max_model_len"], mtp=True,
+                    calib=G.Calibration(**summary["calibration"]))
+    drawn = {}
+    while len(drawn) <= max(rec):
+        for r in gen.group().reqs:
+            drawn[r.id] = r
+    assert [drawn[i].expect for i in (9, 272, 342, 449)] == ["boundary"] * 4
+    changed = [i for i in rec if drawn[i].expect != rec[i]["expect"]]
+    assert sorted(changed) == [9, 272, 342, 449]
+    assert all(drawn[i].families == rec[i]["families"] for i in rec)
