@@ -14,11 +14,11 @@ from turingbox.errors import UsageError
 
 # Where each group of subcommands lives; the order is the order of `turingbox --help`.
 COMMAND_MODULES = (
-    "turingbox.plan.command",        # plan
-    "turingbox.serve.command",       # serve
-    "turingbox.model.command",       # demo-model
-    "turingbox_warmup.command",      # warmup, cache
-    "turingbox_plugin.cli",          # doctor, verify, check-model, bench (usable without the appliance)
+    "turingbox.plan.command",          # plan
+    "turingbox.serve.command",         # serve
+    "turingbox.model.command",         # demo-model
+    "turingbox.serve.warmup_command",  # warmup, cache
+    "turingbox_plugin.cli",            # doctor, verify, check-model, bench (usable without the appliance)
 )
 
 

@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from turingbox_warmup import fingerprint
+from turingbox.cache import fingerprint
 
 SOFTWARE = {"vllm": "0.21.0", "torch": "2.11.0+cu130", "triton": "3.6.0",
             "flashinfer-python": "0.6.8.post1", "turingbox-plugin": "0.1.0"}

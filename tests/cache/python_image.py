@@ -2,10 +2,10 @@
 
 `docker import` of a minimal file tree: this machine's Debian python3.11 (interpreter, standard
 library without tests/GUI, and exactly the shared libraries `ldd` says it and its extension
-modules need), the repository's own packages (turingbox, turingbox_warmup, turingbox_plugin)
-plus filelock, a `turingbox` console script, the Qwen3.6-27B config as /models/qwen36, and a
-writable /cache. Enough to run `turingbox plan | cache | warmup` (the parts bake relies on) in a
-container without a GPU. The tag carries a hash of the contents, so a code change rebuilds it.
+modules need), the repository's own packages (turingbox, turingbox_plugin) plus filelock, a
+`turingbox` console script, the Qwen3.6-27B config as /models/qwen36, and a writable /cache. Enough to
+run `turingbox plan | cache | warmup` (the parts bake relies on) in a container without a GPU. The tag
+carries a hash of the contents, so a code change rebuilds it.
 
 Set TURINGBOX_BAKE_TEST_IMAGE=turingbox:0.1.0 to run the same tests on the real appliance image.
 """
@@ -24,7 +24,6 @@ SKIP_STDLIB = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3
                "config-3.11-x86_64-linux-gnu", "__pycache__", "site-packages", "dist-packages"}
 SITE = "/opt/turingbox/site"
 PACKAGES = {"turingbox": os.path.join(REPO, "entrypoint", "turingbox"),
-            "turingbox_warmup": os.path.join(REPO, "warmup", "turingbox_warmup"),
             "turingbox_plugin": os.path.join(REPO, "plugin", "turingbox_plugin")}
 REPOSITORY = "turingbox-bake-test"
 SCRIPT = f"""#!{PYTHON}

@@ -15,7 +15,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 
-from turingbox_warmup import aot  # noqa: E402
+from turingbox.build import aot  # noqa: E402
 from aot_kernels import scale_copy_kernel  # noqa: E402
 
 
@@ -116,7 +116,7 @@ def test_cli_compiles_captured_specs_for_several_archs(tmp_path, fresh_kernel):
     specs.write_text(json.dumps({"kernel": "aot_kernels:scale_copy_kernel",
                                  "specialization": json.loads(spec.to_json(fresh_kernel))}) + "\n")
     import subprocess, sys
-    r = subprocess.run([sys.executable, "-m", "turingbox_warmup.aot", "--specs", str(specs), "--arch", "7.5,8.0",
+    r = subprocess.run([sys.executable, "-m", "turingbox.build.aot", "--specs", str(specs), "--arch", "7.5,8.0",
                         "--cache-dir", str(tmp_path / "c")], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")})
     assert r.returncode == 0, r.stderr
@@ -127,7 +127,7 @@ def test_cli_compiles_captured_specs_for_several_archs(tmp_path, fresh_kernel):
     assert host == {"host_modules": {"launchers": 1, "built": 2}}  # one launcher for both archs, plus cuda_utils
     sos = [f for f in all_files(str(tmp_path / "c")) if f.endswith(".so")]
     assert sorted(f.split(os.sep)[-1].split(".")[0] for f in sos) == ["__triton_launcher", "cuda_utils"]
-    bad = subprocess.run([sys.executable, "-m", "turingbox_warmup.aot", "--specs", str(tmp_path / "none"),
+    bad = subprocess.run([sys.executable, "-m", "turingbox.build.aot", "--specs", str(tmp_path / "none"),
                           "--cache-dir", str(tmp_path / "c")], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "bad input" in bad.stderr
 

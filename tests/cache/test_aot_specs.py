@@ -1,4 +1,4 @@
-"""The shipped AOT specializations (turingbox_warmup/aot_specs/*.jsonl) compile for sm_75 without a GPU
+"""The shipped AOT specializations (turingbox/build/aot_specs/*.jsonl) compile for sm_75 without a GPU
 and are exactly what vLLM 0.21's launch sites look up.
 
 vLLM is not installed here, but its kernels are plain `@triton.jit` functions: they are loaded from
@@ -20,7 +20,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 
-from turingbox_warmup import aot  # noqa: E402
+from turingbox.build import aot  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DERIVE = os.path.join(os.path.dirname(aot.__file__), "aot_specs", "derive.py")
@@ -180,7 +180,7 @@ def all_files(d):
 
 def bake_sm75(tmp_path) -> str:
     cache = str(tmp_path / "baked")
-    r = subprocess.run([sys.executable, "-m", "turingbox_warmup.aot", "--arch", "7.5", "--out", cache,
+    r = subprocess.run([sys.executable, "-m", "turingbox.build.aot", "--arch", "7.5", "--out", cache,
                         "--source", f"vllm={VLLM_SRC}"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return cache
@@ -281,7 +281,7 @@ def test_diff_records_reports_uncovered_captures():
 
 
 def test_cli_rejects_a_bad_source_mapping(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "turingbox_warmup.aot", "--out", str(tmp_path / "c"),
+    r = subprocess.run([sys.executable, "-m", "turingbox.build.aot", "--out", str(tmp_path / "c"),
                         "--source", "vllm"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--source" in r.stderr and "Traceback" not in r.stderr
 
@@ -402,11 +402,11 @@ def test_bitmask_kernel_cache_key_is_its_source_and_first_line_only(tmp_path):
 @needs_xgrammar
 def test_grammar_bitmask_launches_on_sm75_load_the_baked_kernels_without_compiling(tmp_path, monkeypatch,
                                                                                      xgrammar_launches):
-    """`python -m turingbox_warmup.aot --specs xgrammar.jsonl --arch 7.5` (no GPU), then Triton's real launch
+    """`python -m turingbox.build.aot --specs xgrammar.jsonl --arch 7.5` (no GPU), then Triton's real launch
     path on a stub sm_75 device with the arguments xgrammar's wrapper builds: every batch shape loads from
     the baked cache. A GPU with another SM count (RTX 2080: 46) would compile its own variant."""
     cache = str(tmp_path / "baked")
-    r = subprocess.run([sys.executable, "-m", "turingbox_warmup.aot", "--specs", XGRAMMAR_SPECS, "--arch", "7.5",
+    r = subprocess.run([sys.executable, "-m", "turingbox.build.aot", "--specs", XGRAMMAR_SPECS, "--arch", "7.5",
                         "--cache-dir", cache], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rows = [json.loads(line) for line in r.stdout.splitlines()]
@@ -440,7 +440,7 @@ def test_grammar_bitmask_launches_on_sm75_load_the_baked_kernels_without_compili
 
 def test_aot_without_xgrammar_skips_its_records_in_one_line(tmp_path):
     cache = tmp_path / "c"
-    r = subprocess.run([sys.executable, "-c", WITHOUT_XGRAMMAR + "runpy.run_module('turingbox_warmup.aot', "
+    r = subprocess.run([sys.executable, "-c", WITHOUT_XGRAMMAR + "runpy.run_module('turingbox.build.aot', "
                         "run_name='__main__')", "--specs", XGRAMMAR_SPECS, "--arch", "7.5", "--cache-dir", str(cache)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -6,13 +6,14 @@ import tarfile
 
 import pytest
 
-from turingbox_warmup import bake, cache
+from turingbox.build import bake
+from turingbox.cache import store
 from conftest import make_plan
 from test_session import seed
 
 
 def manifests(root):
-    return cache.list_entries(str(root))
+    return store.list_entries(str(root))
 
 
 def test_the_plans_own_entry_is_chosen_among_several(tmp_path):
@@ -47,7 +48,7 @@ def test_an_empty_source_is_refused(tmp_path):
 
 def test_incomplete_and_corrupt_entries_are_refused_in_one_sentence(tmp_path):
     plan = make_plan()
-    s = cache.prepare_cache(plan, str(tmp_path))
+    s = store.prepare_cache(plan, str(tmp_path))
     s.finish(False)
     msg = bake.entry_refusal(s.entry, plan["cache_key"], "d")
     assert msg.startswith(f"Cache entry {plan['cache_key']} in d is incomplete") and "warmup --seed-only" in msg
@@ -95,14 +96,14 @@ def test_sources_a_root_an_entry_or_a_tarball_of_either(tmp_path):
     work.mkdir()
     assert bake.stage_dir(str(tmp_path / "root"), str(work)) == str(tmp_path / "root")
     from_entry = bake.stage_dir(s.entry, str(work))
-    assert not bake.entry_refusal(cache.entry_dir(from_entry, key), key, "x")
+    assert not bake.entry_refusal(store.entry_dir(from_entry, key), key, "x")
     for arcname, path in (("root", tmp_path / "root"), (key, s.entry)):
         tgz = tmp_path / f"{arcname}.tar.gz"
         with tarfile.open(tgz, "w:gz") as tar:
             tar.add(path, arcname=arcname)
         root = bake.stage_dir(str(tgz), str(work / arcname))
-        assert list(cache.list_entries(root)) == [key]
-        assert not bake.entry_refusal(cache.entry_dir(root, key), key, "x")
+        assert list(store.list_entries(root)) == [key]
+        assert not bake.entry_refusal(store.entry_dir(root, key), key, "x")
     with pytest.raises(bake.BakeRefused, match="does not exist"):
         bake.stage_dir(str(tmp_path / "nope"), str(work))
     (tmp_path / "junk.tar").write_text("not a tarball")
@@ -124,7 +125,7 @@ def test_a_tarball_that_escapes_its_folder_is_refused(tmp_path):
 def test_build_context_holds_exactly_the_entry_read_only_with_the_bake_recorded(tmp_path):
     plan = make_plan()
     s = seed(plan, tmp_path)
-    m = {**cache.read_manifest(s.entry), "baked": {"image": "i"}}
+    m = {**store.read_manifest(s.entry), "baked": {"image": "i"}}
     ctx = bake.build_context(s.entry, plan["cache_key"], "FROM x\n", m)
     with tarfile.open(fileobj=ctx) as tar:
         members = {t.name: t for t in tar.getmembers()}
@@ -147,7 +148,7 @@ def test_a_copy_of_a_read_only_baked_entry_is_writable_by_its_owner(tmp_path):
             os.chmod(os.path.join(dirpath, n), 0o444)
         for n in dirs:
             os.chmod(os.path.join(dirpath, n), 0o555)
-    s = cache.prepare_cache(plan, str(tmp_path / "vol"), baked_root=str(tmp_path / "baked"))
+    s = store.prepare_cache(plan, str(tmp_path / "vol"), baked_root=str(tmp_path / "baked"))
     assert s.status["source"] == "baked"
     for dirpath, dirs, files in os.walk(s.entry):
         for n in dirs + files:

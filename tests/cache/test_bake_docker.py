@@ -17,7 +17,8 @@ import uuid
 
 import pytest
 
-from turingbox_warmup import bake, cache
+from turingbox.build import bake
+from turingbox.cache import store
 
 pytestmark = pytest.mark.docker
 
@@ -76,7 +77,7 @@ def made(client):
 
 
 def seed_entry(plan, root, complete=True):
-    s = cache.prepare_cache(plan, str(root), min_free_bytes=0)
+    s = store.prepare_cache(plan, str(root), min_free_bytes=0)
     for rel, data in FILES.items():
         path = os.path.join(s.entry, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -87,7 +88,7 @@ def seed_entry(plan, root, complete=True):
 
 
 def run_bake(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "turingbox_warmup.bake", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "turingbox.build.bake", *args], capture_output=True, text=True,
                           timeout=300, env={**os.environ, **(env or {})})
 
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from turingbox_warmup import cache, fingerprint
+from turingbox.cache import fingerprint, store
 from conftest import PLAN, SOFTWARE, make_plan
 
 
@@ -48,9 +48,9 @@ def test_each_software_version_changes_the_key(package):
 def test_mtp_depth_3_and_4_get_different_keys_and_entries(tmp_path):
     p3, p4 = make_plan(num_speculative_tokens=3), make_plan(num_speculative_tokens=4)
     assert p3["cache_key"] != p4["cache_key"]
-    s3 = cache.prepare_cache(p3, str(tmp_path))
+    s3 = store.prepare_cache(p3, str(tmp_path))
     s3.finish(True)
-    s4 = cache.prepare_cache(p4, str(tmp_path))
+    s4 = store.prepare_cache(p4, str(tmp_path))
     assert s4.status["result"] == "miss" and s4.entry != s3.entry
     assert s4.status["nearest"]["differences"] == ["plan.num_speculative_tokens: 3 != 4"]
     assert all(v.startswith(s4.entry) for k, v in s4.env.items() if k in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"))

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from turingbox_warmup import flashinfer_aot as fa
+from turingbox.build import flashinfer_aot as fa
 
 FI_SRC = fa.default_flashinfer_src()
 HAVE_FI = bool(FI_SRC) and os.path.isfile(os.path.join(FI_SRC, "jit", "core.py"))
@@ -89,7 +89,7 @@ def test_install_cli(tmp_path):
     rec = sm75_prefill()
     aot = tmp_path / "aot"
     fa.export_module(fake_build(tmp_path, rec), str(aot), rec, {})
-    r = subprocess.run([sys.executable, "-m", "turingbox_warmup.flashinfer_aot", "install", "--from", str(aot),
+    r = subprocess.run([sys.executable, "-m", "turingbox.build.flashinfer_aot", "install", "--from", str(aot),
                         "--workspace-base", str(tmp_path / "ws")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["installed"] == 1
@@ -248,7 +248,7 @@ def test_make_bake_ships_flashinfers_jit_modules_relocatable(tmp_path):
     import io
     import tarfile
 
-    from turingbox_warmup import bake
+    from turingbox.build import bake
     rec = sm75_prefill()
     entry = tmp_path / "seed-host" / "entries" / "k"
     mod = fa.module_dir(str(entry / "flashinfer"), "75", rec["uri"])
@@ -275,17 +275,17 @@ def test_make_bake_ships_flashinfers_jit_modules_relocatable(tmp_path):
 def test_a_new_cache_entry_starts_with_the_baked_modules(tmp_path):
     """prepare_cache on a miss copies TURINGBOX_AOT_FLASHINFER_DIR's modules into the entry's flashinfer/ (the
     FLASHINFER_WORKSPACE_BASE vLLM gets), as it copies the AOT Triton kernels."""
-    from turingbox_warmup import cache
-    if "aot_flashinfer_dir" not in cache.CACHE_SETTINGS:
-        pytest.skip("cache.py does not call flashinfer_aot.seed_workspace yet (the aot_flashinfer_dir setting)")
+    from turingbox.cache import store
+    if "aot_flashinfer_dir" not in store.CACHE_SETTINGS:
+        pytest.skip("cache/store.py does not call seed_workspace yet (the aot_flashinfer_dir setting)")
     rec = sm75_prefill()
     aot = tmp_path / "aot"
     fa.export_module(fake_build(tmp_path, rec), str(aot), rec, {})
     inputs = {"software": {}, "gpu_name": "NVIDIA GeForce RTX 2080 Ti", "compute_capability": "7.5", "plan": {},
               "model_config_hash": "x"}
-    from turingbox_warmup.fingerprint import cache_key
+    from turingbox.cache.fingerprint import cache_key
     plan = {"cache_inputs": inputs, "cache_key": cache_key(inputs)}
-    s = cache.prepare_cache(plan, str(tmp_path / "root"), baked_root="",
+    s = store.prepare_cache(plan, str(tmp_path / "root"), baked_root="",
                             environ={"TURINGBOX_AOT_FLASHINFER_DIR": str(aot)})
     try:
         assert s.status["result"] == "miss" and s.status["aot_flashinfer_modules"] == 1

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from turingbox_warmup import cache
+from turingbox.cache import store
 from conftest import make_plan, run_py, turingbox_temporaries
 
 # A child process: prepare the cache for the plan in argv, record what it got, write into the entry
@@ -14,10 +14,10 @@ from conftest import make_plan, run_py, turingbox_temporaries
 # close, as serve and warmup do at exit.
 CHILD = r"""
 import json, os, sys, time
-from turingbox_warmup import cache
+from turingbox.cache import store
 plan, root, journal, hold = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
 wait = float(sys.argv[5])
-s = cache.prepare_cache(plan, root, lock_wait_s=wait)
+s = store.prepare_cache(plan, root, lock_wait_s=wait)
 def note(what):
     with open(journal, "a") as f:
         f.write(json.dumps({"pid": os.getpid(), "what": what, "mode": s.mode, "result": s.status["result"],
@@ -56,8 +56,8 @@ def test_racing_writers_take_turns_and_leave_a_complete_entry(tmp_path, plan):
         assert events[i]["what"] == "start" and events[i + 1]["what"] == "end"
         assert events[i]["pid"] == events[i + 1]["pid"]
     assert [e["result"] for e in events[::2]] == ["miss", "hit", "hit"]
-    entry = cache.entry_dir(str(tmp_path / "root"), plan["cache_key"])
-    assert cache.entry_problems(entry, plan["cache_key"], deep=True) == []
+    entry = store.entry_dir(str(tmp_path / "root"), plan["cache_key"])
+    assert store.entry_problems(entry, plan["cache_key"], deep=True) == []
     assert json.load(open(os.path.join(entry, "manifest.json")))["hits"] == 2
 
 
@@ -80,8 +80,8 @@ def test_busy_entry_gives_the_second_process_a_private_copy_and_leaves_the_write
     assert writer.poll() is None  # the writer still holds its entry: the reader never touched it
     writer.communicate(timeout=30)
     assert writer.returncode == 0
-    entry = cache.entry_dir(str(tmp_path / "root"), plan["cache_key"])
-    assert cache.entry_problems(entry, plan["cache_key"], deep=True) == []
+    entry = store.entry_dir(str(tmp_path / "root"), plan["cache_key"])
+    assert store.entry_problems(entry, plan["cache_key"], deep=True) == []
     kernels = os.listdir(os.path.join(entry, "triton"))
     # The writer's own files are there and the private reader's files never leaked into it.
     assert sum(k.startswith(f"k{writer.pid}_") for k in kernels) == 5
@@ -98,12 +98,12 @@ def test_writer_killed_mid_seed_releases_the_lock_and_the_next_start_resumes(tmp
     writer.send_signal(signal.SIGKILL)
     writer.communicate(timeout=10)
     t0 = time.monotonic()
-    s = cache.prepare_cache(plan, str(tmp_path / "root"), lock_wait_s=30)
+    s = store.prepare_cache(plan, str(tmp_path / "root"), lock_wait_s=30)
     assert time.monotonic() - t0 < 10  # the kernel released the dead writer's lock
     assert s.mode == "shared" and s.status["result"] == "miss"
     assert json.load(open(os.path.join(s.entry, "manifest.json")))["attempts"] == 2
     s.finish(True)
-    assert cache.prepare_cache(plan, str(tmp_path / "root")).status["result"] == "hit"
+    assert store.prepare_cache(plan, str(tmp_path / "root")).status["result"] == "hit"
 
 
 def test_private_run_publishes_its_entry_when_the_shared_one_was_never_completed(tmp_path, plan, private_tmpdir):
@@ -113,7 +113,7 @@ def test_private_run_publishes_its_entry_when_the_shared_one_was_never_completed
     while not (journal.exists() and journal.read_text()):
         assert time.time() < deadline
         time.sleep(0.05)
-    private = cache.prepare_cache(plan, str(tmp_path / "root"), lock_wait_s=0.2)
+    private = store.prepare_cache(plan, str(tmp_path / "root"), lock_wait_s=0.2)
     assert private.mode == "private"
     open(os.path.join(private.env["TRITON_CACHE_DIR"], "mine.cubin"), "wb").write(b"warmed privately")
     writer.send_signal(signal.SIGKILL)  # the writer dies before completing its entry
@@ -121,7 +121,7 @@ def test_private_run_publishes_its_entry_when_the_shared_one_was_never_completed
     private.finish(True)
     private.close()
     assert turingbox_temporaries(private_tmpdir) == []            # the published copy is not the private one
-    entry = cache.entry_dir(str(tmp_path / "root"), plan["cache_key"])
-    assert cache.entry_problems(entry, plan["cache_key"], deep=True) == []
+    entry = store.entry_dir(str(tmp_path / "root"), plan["cache_key"])
+    assert store.entry_problems(entry, plan["cache_key"], deep=True) == []
     assert open(os.path.join(entry, "triton", "mine.cubin"), "rb").read() == b"warmed privately"
-    assert cache.prepare_cache(plan, str(tmp_path / "root")).status["result"] == "hit"
+    assert store.prepare_cache(plan, str(tmp_path / "root")).status["result"] == "hit"

@@ -1,8 +1,8 @@
 """make warmup-cache: container arguments, environment passthrough and log-driven progress."""
 import json
 
-from turingbox_warmup import seed_docker
-from turingbox_warmup.command import RESULT_PREFIX, STAGES
+from turingbox.build import seed_docker
+from turingbox.serve.warmup_command import RESULT_PREFIX, STAGES
 
 
 def test_container_gets_all_gpus_the_volume_and_the_compose_environment():

@@ -15,8 +15,8 @@ import time
 import pytest
 
 import turingbox
-from turingbox_warmup import cache
-from turingbox_warmup.command import RESULT_PREFIX, STAGE_PREFIX, STAGES
+from turingbox.cache import store
+from turingbox.serve.warmup_command import RESULT_PREFIX, STAGE_PREFIX, STAGES
 from conftest import turingbox_temporaries
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -101,11 +101,11 @@ def gone(pid, timeout=5.0):
 
 
 def assert_incomplete(box, key):
-    entry = cache.entry_dir(box["root"], key)
+    entry = store.entry_dir(box["root"], key)
     manifest = json.load(open(os.path.join(entry, "manifest.json")))
     assert manifest["completed"] is None and manifest["key"] == key
     assert not os.path.exists(os.path.join(entry, "index.json"))
-    assert cache.entry_problems(entry, key) == ["entry is incomplete (its manifest was never completed)"]
+    assert store.entry_problems(entry, key) == ["entry is incomplete (its manifest was never completed)"]
     return manifest
 
 
@@ -120,13 +120,13 @@ def test_seed_only_leaves_a_complete_verified_entry_that_serve_then_hits(box):
     assert result["cache_key"] == key and result["mode"] == "shared" and result["result"] == "miss"
     assert result["gpu_name"] == "NVIDIA H200" and result["num_speculative_tokens"] == plan["num_speculative_tokens"]
 
-    entry = cache.entry_dir(box["root"], key)
+    entry = store.entry_dir(box["root"], key)
     manifest = json.load(open(os.path.join(entry, "manifest.json")))
     assert manifest["completed"] and manifest["inputs"] == plan["cache_inputs"] and manifest["source"] == "seeded"
     assert manifest["sizes"]["triton"]["files"] == 2 and manifest["sizes"]["vllm"] == {"files": 1, "bytes": 512}
     index = json.load(open(os.path.join(entry, "index.json")))
     assert set(ARTEFACTS) <= set(index)                          # what the engine wrote, under the entry
-    assert cache.entry_problems(entry, key, deep=True) == []
+    assert store.entry_problems(entry, key, deep=True) == []
     verify = subprocess.run([sys.executable, "-m", "turingbox", "cache", "verify", "--json"], env=box["env"],
                             capture_output=True, text=True, timeout=60)
     assert verify.returncode == 0 and json.loads(verify.stdout)["entries"][key]["ok"]
@@ -134,7 +134,7 @@ def test_seed_only_leaves_a_complete_verified_entry_that_serve_then_hits(box):
     assert turingbox_temporaries(box["tmpdir"]) == []           # its mkdtemp runtime dir went with it
 
     # What serve does next: the same plan finds a hit for every cache the engine filled.
-    session = cache.prepare_cache(plan, box["root"])
+    session = store.prepare_cache(plan, box["root"])
     assert session.status["result"] == "hit" and session.status["caches"]["triton"] == "hit"
     assert session.status["caches"]["vllm"] == "hit"
     session.finish(True)
@@ -162,7 +162,7 @@ def test_a_failed_seed_leaves_the_entry_incomplete_and_says_why(box, fault, valu
     manifest = assert_incomplete(box, key)
     assert manifest["attempts"] == 1
     # What the engine compiled before failing is kept for the next attempt.
-    assert os.path.exists(os.path.join(cache.entry_dir(box["root"], key), ARTEFACTS[0]))
+    assert os.path.exists(os.path.join(store.entry_dir(box["root"], key), ARTEFACTS[0]))
     assert all(gone(pid) for pid in engine_pids(box))
     assert turingbox_temporaries(box["tmpdir"]) == []
 
@@ -174,7 +174,7 @@ def test_a_seed_after_a_failed_one_resumes_and_completes_the_same_entry(box):
     r = warmup(box, "--seed-only")
     assert r.returncode == 0, r.stderr
     assert "incomplete (attempt 2)" in r.stdout
-    manifest = json.load(open(os.path.join(cache.entry_dir(box["root"], key), "manifest.json")))
+    manifest = json.load(open(os.path.join(store.entry_dir(box["root"], key), "manifest.json")))
     assert manifest["completed"] and manifest["attempts"] == 2
 
 
@@ -216,4 +216,4 @@ def test_a_seed_in_a_private_copy_removes_the_copy_when_it_exits(box):
     assert "engine_filling_caches: wrote" in r.stdout           # the engine really filled the private copy
     assert turingbox_temporaries(box["tmpdir"]) == []
     assert "warmed in private mode in a temporary copy" in r.stderr
-    assert not os.path.exists(cache.entry_dir(box["root"], key))   # the busy shared entry was never touched
+    assert not os.path.exists(store.entry_dir(box["root"], key))   # the busy shared entry was never touched

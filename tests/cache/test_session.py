@@ -6,13 +6,13 @@ import subprocess
 
 import pytest
 
-from turingbox_warmup import cache
+from turingbox.cache import store
 from conftest import make_plan, turingbox_temporaries
 
 
 def seed(plan, root, files=None):
     """Run a session as a seeding engine would: write into the caches, then finish."""
-    s = cache.prepare_cache(plan, str(root))
+    s = store.prepare_cache(plan, str(root))
     for rel, data in (files or {"triton/abc/kernel.cubin": b"\x7fELF" * 64,
                                 "triton/abc/__grp__kernel.json": b'{"child_paths": {}}',
                                 "vllm/torch_compile_cache/h/rank_0_0/backbone/artifact": b"x" * 100}).items():
@@ -25,7 +25,7 @@ def seed(plan, root, files=None):
 
 
 def test_env_points_every_cache_into_the_entry(tmp_path, plan):
-    s = cache.prepare_cache(plan, str(tmp_path))
+    s = store.prepare_cache(plan, str(tmp_path))
     entry = os.path.join(str(tmp_path), "entries", plan["cache_key"])
     assert s.entry == entry
     for var in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"):
@@ -40,29 +40,29 @@ def test_miss_then_complete_then_hit_counts_hits_and_sizes(tmp_path, plan):
     manifest = json.load(open(os.path.join(first.entry, "manifest.json")))
     assert manifest["completed"] and manifest["sizes"]["triton"] == {"files": 2, "bytes": 256 + 19}
     assert manifest["tools"]["turingbox"] and manifest["inputs"] == plan["cache_inputs"]
-    second = cache.prepare_cache(plan, str(tmp_path))
+    second = store.prepare_cache(plan, str(tmp_path))
     assert second.status["result"] == "hit" and second.status["source"] == "volume"
     assert second.status["caches"] == {"vllm": "hit", "triton": "hit", "inductor": "empty", "flashinfer": "empty"}
     second.finish(True)
-    third = cache.prepare_cache(plan, str(tmp_path))
+    third = store.prepare_cache(plan, str(tmp_path))
     third.finish(True)
     assert json.load(open(os.path.join(first.entry, "manifest.json")))["hits"] == 2
 
 
 def test_incomplete_entry_is_a_miss_and_resumed_then_quarantined_after_repeated_failures(tmp_path, plan):
-    s1 = cache.prepare_cache(plan, str(tmp_path))
+    s1 = store.prepare_cache(plan, str(tmp_path))
     open(os.path.join(s1.entry, "triton", "partial.cubin"), "wb").write(b"ok")
     s1.finish(False)
-    s2 = cache.prepare_cache(plan, str(tmp_path))
+    s2 = store.prepare_cache(plan, str(tmp_path))
     assert s2.status["result"] == "miss" and s2.status["quarantined"] is None
     assert os.path.exists(os.path.join(s2.entry, "triton", "partial.cubin"))  # resumed, not thrown away
     s2.finish(False)
-    s3 = cache.prepare_cache(plan, str(tmp_path))  # two failed attempts: start clean, keep evidence
+    s3 = store.prepare_cache(plan, str(tmp_path))  # two failed attempts: start clean, keep evidence
     assert s3.status["result"] == "miss" and s3.status["quarantined"]
     assert os.path.exists(os.path.join(s3.status["quarantined"], "triton", "partial.cubin"))
     assert not os.path.exists(os.path.join(s3.entry, "triton", "partial.cubin"))
     s3.finish(True)
-    assert cache.prepare_cache(plan, str(tmp_path)).status["result"] == "hit"
+    assert store.prepare_cache(plan, str(tmp_path)).status["result"] == "hit"
 
 
 @pytest.mark.parametrize("damage", ["truncated-manifest", "wrong-key", "missing-file", "bad-triton-json-is-verify-only"])
@@ -80,7 +80,7 @@ def test_corrupt_entry_is_quarantined_rebuilt_and_the_next_start_is_healthy(tmp_
     else:
         open(os.path.join(s.entry, "triton", "abc", "__grp__kernel.json"), "w").write("{")
     caplog.set_level(logging.INFO, logger="turingbox.cache")
-    again = cache.prepare_cache(plan, str(tmp_path))
+    again = store.prepare_cache(plan, str(tmp_path))
     if damage == "bad-triton-json-is-verify-only":
         # The cheap start-up check does not parse every JSON file; `cache verify` does (CLI test).
         assert again.status["result"] == "hit"
@@ -93,7 +93,7 @@ def test_corrupt_entry_is_quarantined_rebuilt_and_the_next_start_is_healthy(tmp_
     assert "quarantined" in caplog.text
     assert open(os.path.join(qdir, "QUARANTINED.txt")).read().strip()
     again.finish(True)
-    healthy = cache.prepare_cache(plan, str(tmp_path))
+    healthy = store.prepare_cache(plan, str(tmp_path))
     assert healthy.status["result"] == "hit" and healthy.status["quarantined"] is None
     healthy.finish(True)
 
@@ -101,7 +101,7 @@ def test_corrupt_entry_is_quarantined_rebuilt_and_the_next_start_is_healthy(tmp_
 def test_manifest_without_directory_contents_is_rebuilt(tmp_path, plan):
     entry = os.path.join(str(tmp_path), "entries", plan["cache_key"])
     os.makedirs(os.path.join(entry, "triton"))  # a directory with no manifest at all
-    s = cache.prepare_cache(plan, str(tmp_path))
+    s = store.prepare_cache(plan, str(tmp_path))
     assert s.status["result"] == "miss" and s.status["quarantined"]
     s.finish(True)
 
@@ -110,7 +110,7 @@ def test_miss_logs_which_input_differs_from_the_nearest_entry(tmp_path, caplog):
     seed(make_plan(tensor_parallel_size=4), tmp_path)
     seed(make_plan(), tmp_path)
     caplog.set_level(logging.INFO, logger="turingbox.cache")
-    s = cache.prepare_cache(make_plan(max_num_seqs=64), str(tmp_path))
+    s = store.prepare_cache(make_plan(max_num_seqs=64), str(tmp_path))
     assert s.status["nearest"] == {"key": make_plan()["cache_key"], "differences": ["plan.max_num_seqs: 16 != 64"]}
     assert "nearest entry" in caplog.text and "plan.max_num_seqs: 16 != 64" in caplog.text
     s.finish(False)
@@ -125,7 +125,7 @@ def _baked(tmp_path, plan):
 
 def test_matching_baked_entry_is_copied_into_the_volume(tmp_path, plan):
     baked = _baked(tmp_path, plan)
-    s = cache.prepare_cache(plan, str(tmp_path / "vol"), baked_root=baked)
+    s = store.prepare_cache(plan, str(tmp_path / "vol"), baked_root=baked)
     assert s.status["result"] == "hit" and s.status["source"] == "baked"
     assert s.entry.startswith(str(tmp_path / "vol"))
     assert open(os.path.join(s.entry, "triton", "abc", "kernel.cubin"), "rb").read() == b"\x7fELF" * 64
@@ -138,7 +138,7 @@ def test_matching_baked_entry_is_copied_into_the_volume(tmp_path, plan):
 def test_mismatched_baked_entry_is_ignored_with_the_reason(tmp_path, caplog):
     baked = _baked(tmp_path, make_plan(num_speculative_tokens=3))
     caplog.set_level(logging.INFO, logger="turingbox.cache")
-    s = cache.prepare_cache(make_plan(num_speculative_tokens=4), str(tmp_path / "vol"), baked_root=baked)
+    s = store.prepare_cache(make_plan(num_speculative_tokens=4), str(tmp_path / "vol"), baked_root=baked)
     assert s.status["result"] == "miss" and s.status["source"] is None
     assert "baked entry" in caplog.text and "plan.num_speculative_tokens: 3 != 4" in caplog.text
     s.finish(False)
@@ -165,7 +165,7 @@ def readonly_dir(tmp_path):
 
 def test_read_only_volume_runs_cold_in_a_temp_dir_with_a_warning(readonly_dir, plan, caplog):
     caplog.set_level(logging.WARNING, logger="turingbox.cache")
-    s = cache.prepare_cache(plan, readonly_dir)
+    s = store.prepare_cache(plan, readonly_dir)
     assert s.mode == "cold" and s.status["result"] == "miss"
     assert not s.entry.startswith(readonly_dir) and os.path.isdir(s.entry)
     assert "not writable" in caplog.text
@@ -178,7 +178,7 @@ def test_close_removes_the_cold_copy_and_leaves_the_volume_and_baked_layer_alone
                                                                                   private_tmpdir):
     baked = _baked(tmp_path, plan)                       # read-only files (0444): the copy must still go
     before = {d: sorted(os.walk(d)) for d in (readonly_dir, baked)}
-    s = cache.prepare_cache(plan, readonly_dir, baked_root=baked)
+    s = store.prepare_cache(plan, readonly_dir, baked_root=baked)
     assert s.mode == "cold" and s.status["result"] == "hit"
     assert turingbox_temporaries(private_tmpdir) == [os.path.basename(os.path.dirname(s.entry))]
     open(os.path.join(s.env["TRITON_CACHE_DIR"], "jit.cubin"), "wb").write(b"compiled after the copy")
@@ -191,22 +191,22 @@ def test_close_removes_the_cold_copy_and_leaves_the_volume_and_baked_layer_alone
 
 
 def test_close_never_deletes_the_shared_entry_and_releases_its_lock(tmp_path, plan, private_tmpdir):
-    s = cache.prepare_cache(plan, str(tmp_path / "vol"))
+    s = store.prepare_cache(plan, str(tmp_path / "vol"))
     assert s.mode == "shared" and s.temp_dir is None
     s.close()                                            # never finished: failed start, entry stays incomplete
-    assert cache.read_manifest(s.entry)["completed"] is None
-    again = cache.prepare_cache(plan, str(tmp_path / "vol"), lock_wait_s=0.5)
+    assert store.read_manifest(s.entry)["completed"] is None
+    again = store.prepare_cache(plan, str(tmp_path / "vol"), lock_wait_s=0.5)
     assert again.mode == "shared" and again.status["result"] == "miss"
     again.finish(True)
     again.close()
-    assert cache.entry_problems(again.entry, plan["cache_key"]) == []
+    assert store.entry_problems(again.entry, plan["cache_key"]) == []
     assert turingbox_temporaries(private_tmpdir) == []
 
 
 def test_full_volume_runs_cold(tmp_path, plan, caplog):
     caplog.set_level(logging.WARNING, logger="turingbox.cache")
     free = __import__("shutil").disk_usage(str(tmp_path)).free
-    s = cache.prepare_cache(plan, str(tmp_path), min_free_bytes=free * 2)
+    s = store.prepare_cache(plan, str(tmp_path), min_free_bytes=free * 2)
     assert s.mode == "cold" and "MiB free" in caplog.text
     s.finish(True)
     s.close()
@@ -224,7 +224,7 @@ def test_a_really_full_tmpfs_runs_cold(tmp_path, plan):
                 f.write(b"\0" * (1 << 20))
             except OSError:
                 pass
-        s = cache.prepare_cache(plan, str(d), min_free_bytes=0)
+        s = store.prepare_cache(plan, str(d), min_free_bytes=0)
         assert s.mode == "cold" and "not writable" in " ".join(s.status["events"])
         s.finish(True)
         s.close()
@@ -235,7 +235,7 @@ def test_a_really_full_tmpfs_runs_cold(tmp_path, plan):
 def test_plan_without_cache_inputs_is_bad_input(tmp_path):
     from turingbox.errors import UsageError
     with pytest.raises(UsageError, match="cache_inputs"):
-        cache.prepare_cache({"cache_key": "x"}, str(tmp_path))
+        store.prepare_cache({"cache_key": "x"}, str(tmp_path))
 
 
 def test_a_new_entry_starts_with_the_ahead_of_time_kernels(tmp_path, plan):
@@ -245,7 +245,7 @@ def test_a_new_entry_starts_with_the_ahead_of_time_kernels(tmp_path, plan):
         (aot_dir / h / "k.cubin").write_bytes(b"aot " + h.encode())
         (aot_dir / h / "k.cubin").chmod(0o444)
     env = {"TURINGBOX_AOT_TRITON_DIR": str(aot_dir)}
-    s = cache.prepare_cache(plan, str(tmp_path / "vol"), environ=env)
+    s = store.prepare_cache(plan, str(tmp_path / "vol"), environ=env)
     assert s.status["result"] == "miss" and s.status["aot_kernels"] == 2
     triton_dir = s.env["TRITON_CACHE_DIR"]
     assert open(os.path.join(triton_dir, "HASHB", "k.cubin"), "rb").read() == b"aot HASHB"
@@ -253,7 +253,7 @@ def test_a_new_entry_starts_with_the_ahead_of_time_kernels(tmp_path, plan):
     # What the engine compiled in the same folder name wins (same content address): never overwritten.
     open(os.path.join(triton_dir, "HASHA", "k.cubin"), "wb").write(b"engine")
     s.finish(True)
-    hit = cache.prepare_cache(plan, str(tmp_path / "vol"), environ=env)
+    hit = store.prepare_cache(plan, str(tmp_path / "vol"), environ=env)
     assert hit.status["result"] == "hit" and "aot_kernels" not in hit.status
     assert open(os.path.join(triton_dir, "HASHA", "k.cubin"), "rb").read() == b"engine"
     hit.finish(True)

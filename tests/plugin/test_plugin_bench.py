@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 
+from turingbox.serve.active_warmup import WarmupError, concurrencies_for_plan, run_active_warmup
 from turingbox_plugin.bench import stats
 from turingbox_plugin.bench.client import bench_decode, bench_prefill, plot_prefill
 from turingbox_plugin.errors import ToolError
-from turingbox_warmup.active import WarmupError, concurrencies_for_plan, run_active_warmup
 
 # TTFT medians recorded by the seed's prefill bench shape (tokens, seconds): close to a line, not on it.
 RECORDED = [(2048, 0.412), (4096, 0.771), (8192, 1.530), (16384, 3.102), (32768, 6.391)]
@@ -172,9 +172,9 @@ def test_active_warmup_grammar_refusal_is_not_fatal(openai_recorder):
 
 
 def test_active_warmup_grammar_requests_are_time_bounded(openai_recorder, monkeypatch):
-    from turingbox_warmup import active
+    from turingbox.serve import active_warmup
 
-    monkeypatch.setattr(active, "OPTIONAL_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(active_warmup, "OPTIONAL_TIMEOUT_S", 0.5)
     url, _ = openai_recorder("slow")
     r = run_active_warmup(url, "demo", timeout=60, concurrencies=())
     results = {x["name"]: x for x in r["requests"]}

@@ -57,7 +57,7 @@ AUTH = {"Authorization": "Bearer side-key-123"}
 
 
 def test_stages_before_ready_then_ready(serve_factory):
-    # The real active warmup (turingbox_warmup.active) runs here, against the fake.
+    # The real active warmup (turingbox.serve.active_warmup) runs here, against the fake.
     s = serve_factory(env={"FAKE_VLLM_STAGE_SECONDS": "0.6", "TURINGBOX_ACTIVE_WARMUP": "1"})
     seen, bodies = [], []
     live_during_startup = startup_before = v1_before = None

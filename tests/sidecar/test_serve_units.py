@@ -41,7 +41,7 @@ def test_stage_from_vllm_log_line(line, stage):
 
 def _vllm_source() -> str | None:
     """vLLM's source where the AOT derivation finds it (an installed vllm, TURINGBOX_VLLM_SRC, .ci/run's copy)."""
-    from turingbox_warmup.aot_specs.derive import default_vllm_src
+    from turingbox.build.aot_specs.derive import default_vllm_src
     src = default_vllm_src()
     return src if os.path.isdir(src) else None
 

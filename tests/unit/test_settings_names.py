@@ -9,7 +9,7 @@ import subprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DECLARING = ("turingbox.plan.command", "turingbox.serve.options", "turingbox.model.demo",
-             "turingbox_warmup.cache", "turingbox_warmup.command")
+             "turingbox.cache.store", "turingbox.serve.warmup_command")
 
 NOT_APPLIANCE_SETTINGS = {
     # the plugin's own, read in vLLM's worker processes (the plugin imports nothing of the appliance); the
@@ -32,8 +32,7 @@ NOT_APPLIANCE_SETTINGS = {
 
 
 def names_in_shipped_files() -> dict[str, set[str]]:
-    files = subprocess.run(["git", "ls-files", "entrypoint", "plugin", "warmup", "Dockerfile", "compose.yaml",
-                            "deploy"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(["git", "ls-files", "entrypoint", "plugin", "Dockerfile", "compose.yaml", "deploy"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     found: dict[str, set[str]] = {}
     for rel in files:
         if not rel.endswith((".py", ".sh", ".yaml", ".yml", "Dockerfile")):

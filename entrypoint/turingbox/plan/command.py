@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 # ---- plan_from_args ----------------------------------------------------------------------------------
 
 def _software() -> dict[str, str]:
-    from turingbox_warmup.fingerprint import software_versions
+    from turingbox.cache.fingerprint import software_versions
     return software_versions()
 
 

@@ -11,9 +11,9 @@ from turingbox_plugin.model_config import load_model_config
 
 def check_plan(model_dir: str | None) -> Check:
     from turingbox import settings
+    from turingbox.cache.fingerprint import software_versions
     from turingbox.gpus.inventory import read_inventory
     from turingbox.plan.command import PLAN_SETTINGS
-    from turingbox_warmup.fingerprint import software_versions
     from turingbox.plan.planner import make_plan
 
     if not model_dir:

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from turingbox.cache.fingerprint import cache_key, fingerprint_inputs
 from turingbox.errors import PlanError, UsageError
 from turingbox.gpus.inventory import Gpu, Inventory, pci_sort_key
 from turingbox.gpus.visibility import cuda_visible_devices
@@ -17,7 +18,6 @@ from turingbox.plan import arch as archmod
 from turingbox.plan import memory as mem
 from turingbox.plan.settings import PLANNER_DEFAULTS
 from turingbox_plugin.model_config import ModelConfig
-from turingbox_warmup.fingerprint import cache_key, fingerprint_inputs
 
 WORKER_CLS = "turingbox_plugin.worker.TuringboxWorker"
 DEFAULT_MIN_MODEL_LEN = 4096

@@ -102,7 +102,7 @@ def cache_is_warm(status: Any) -> bool:
     """Whether the cache status says the compile caches were found (picks the startup estimate)."""
     if not isinstance(status, dict):
         return False
-    if isinstance(status.get("result"), str):       # turingbox_warmup.cache: "hit" / "miss" / ...
+    if isinstance(status.get("result"), str):       # turingbox.cache.store: "hit" / "miss" / ...
         return status["result"] == "hit"
     text = json.dumps(status)
     return '"hit"' in text and '"miss"' not in text
@@ -434,9 +434,9 @@ class Controller:
 
     async def _prepare_cache(self, plan: dict) -> dict[str, str]:
         try:
-            from turingbox_warmup.cache import prepare_cache
+            from turingbox.cache.store import prepare_cache
         except ImportError as exc:
-            log.warning("compile caches not prepared: turingbox_warmup.cache is not available (%s)", exc)
+            log.warning("compile caches not prepared: turingbox.cache.store is not available (%s)", exc)
             return {}
 
         def prepare() -> Any:
@@ -484,9 +484,9 @@ class Controller:
 
     async def _active_warmup(self, base: str, model: str) -> None:
         try:
-            from turingbox_warmup.active import run_active_warmup
+            from turingbox.serve.active_warmup import run_active_warmup
         except ImportError as exc:
-            log.warning("active warmup skipped: turingbox_warmup.active is not available (%s)", exc)
+            log.warning("active warmup skipped: turingbox.serve.active_warmup is not available (%s)", exc)
             return
         timeout = max(60.0, min(900.0, self.options.startup_timeout_seconds - self.tracker.elapsed()))
         try:

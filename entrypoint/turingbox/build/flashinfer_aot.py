@@ -1,11 +1,11 @@
 """FlashInfer's JIT modules for turingbox's plans: derived from source, built without a GPU, checked, seeded.
 
-    python -m turingbox_warmup.flashinfer_aot derive  [--vllm-src DIR] [--flashinfer-src DIR] [--out FILE]
-    python -m turingbox_warmup.flashinfer_aot list    [--arch 7.5] [--variants default|all] [--plan-json FILE]
-    python -m turingbox_warmup.flashinfer_aot build   --arch 7.5[,8.6] --out DIR [--build-dir DIR] [--plan-json FILE]
+    python -m turingbox.build.flashinfer_aot derive  [--vllm-src DIR] [--flashinfer-src DIR] [--out FILE]
+    python -m turingbox.build.flashinfer_aot list    [--arch 7.5] [--variants default|all] [--plan-json FILE]
+    python -m turingbox.build.flashinfer_aot build   --arch 7.5[,8.6] --out DIR [--build-dir DIR] [--plan-json FILE]
                                                       [--variants default|all] [--only URI ...] [--jobs N]
-    python -m turingbox_warmup.flashinfer_aot check   --arch 7.5 [--dir DIR] [--json]
-    python -m turingbox_warmup.flashinfer_aot install --from DIR --workspace-base DIR
+    python -m turingbox.build.flashinfer_aot check   --arch 7.5 [--dir DIR] [--json]
+    python -m turingbox.build.flashinfer_aot install --from DIR --workspace-base DIR
 
 What vLLM 0.21 asks FlashInfer 0.6.8.post1 for (read from their source; `derive` re-reads it, and
 tests/cache/test_flashinfer_specs.py fails when either drifts):
@@ -54,6 +54,9 @@ import tempfile
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
+# The baked layout's marker and the copy into a cache entry are the cache's (serve seeds new entries with them).
+from turingbox.cache.flashinfer_prebuilt import MARKER, prebuilt_modules, seed_workspace
+
 FLASHINFER_VERSION = "0.6.8.post1"
 VLLM_VERSION = "0.21.0"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -61,7 +64,6 @@ SPECS_DIR = os.path.join(HERE, "aot_specs")
 SPEC_FILE = os.path.join(SPECS_DIR, f"flashinfer-{FLASHINFER_VERSION}.jsonl")
 AOT_DIR_ENV = "TURINGBOX_AOT_FLASHINFER_DIR"
 DEFAULT_AOT_DIR = "/opt/turingbox/flashinfer-aot"
-MARKER = "turingbox-prebuilt.json"
 
 # Shared memory, bytes (CUDA programming guide, compute capabilities table): per SM (what FlashInfer's
 # dispatch reads, cudaDevAttrMaxSharedMemoryPerMultiprocessor) and the per-block opt-in cap
@@ -401,7 +403,7 @@ def derive(vllm_src: str, flashinfer_src: str, fixtures_dir: str) -> list[dict[s
     header = {
         "comment": (f"FlashInfer {FLASHINFER_VERSION} JIT modules that vLLM {VLLM_VERSION} requests for turingbox's "
                     "plans (fixture inventories + sm_80/86/89 kinds, default settings and the KV-dtype overrides), "
-                    "derived from both sources by `python -m turingbox_warmup.flashinfer_aot derive`; `build` compiles "
+                    "derived from both sources by `python -m turingbox.build.flashinfer_aot derive`; `build` compiles "
                     "the `default` records for an arch. Hashes: the vLLM/FlashInfer source the derivation read; a "
                     "change means re-derive and review."),
         "flashinfer_version": FLASHINFER_VERSION, "vllm_version": VLLM_VERSION,
@@ -561,7 +563,7 @@ def module_dir(base: str, arch_dir: str, uri: str, version: str = FLASHINFER_VER
     return os.path.join(base, ".cache", "flashinfer", version, arch_dir, "cached_ops", uri)
 
 
-PREBUILT_NINJA = """# Written by turingbox_warmup.flashinfer_aot: {uri}.so was built ahead of time (FlashInfer {version}, {arch_dir})
+PREBUILT_NINJA = """# Written by turingbox.build.flashinfer_aot: {uri}.so was built ahead of time (FlashInfer {version}, {arch_dir})
 # with FlashInfer's own JitSpec.build(). A phony edge has no command, so `ninja` finds nothing to do and FlashInfer
 # loads the file. Delete this directory to let FlashInfer JIT-build the module again.
 ninja_required_version = 1.3
@@ -602,50 +604,6 @@ def relocatable_ninja(module_path: str) -> str | None:
     if not os.path.isfile(os.path.join(module_path, f"{uri}.so")):
         return None
     return PREBUILT_NINJA.format(uri=uri, version=parts[-4], arch_dir=parts[-3])
-
-
-def prebuilt_modules(base: str) -> list[dict[str, Any]]:
-    """Every module under a baked base: its marker plus `path` (the module directory)."""
-    out = []
-    root = os.path.join(base, ".cache", "flashinfer")
-    for dirpath, _dirs, files in os.walk(root):
-        if MARKER in files:
-            with open(os.path.join(dirpath, MARKER), encoding="utf-8") as f:
-                out.append({**json.load(f), "path": dirpath})
-    return sorted(out, key=lambda m: (m.get("workspace_arch", ""), m.get("uri", "")))
-
-
-def seed_workspace(aot_base: str, workspace_base: str) -> int:
-    """Copy the baked modules a workspace (an entry's flashinfer/ folder) lacks; returns how many were copied.
-
-    Module directories are named by FlashInfer version, arch and URI (the URI spells every template argument),
-    so one of the same name is the same module: an existing one is never replaced."""
-    copied = 0
-    src_root = os.path.join(aot_base, ".cache", "flashinfer")
-    if not os.path.isdir(src_root):
-        return 0
-    for mod in prebuilt_modules(aot_base):
-        rel = os.path.relpath(mod["path"], aot_base)
-        dst = os.path.join(workspace_base, rel)
-        if os.path.exists(os.path.join(dst, f"{mod['uri']}.so")):
-            continue
-        tmp = f"{dst}.tmp-{os.getpid()}"
-        try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            shutil.copytree(mod["path"], tmp)
-            for dirpath, dirs, files in os.walk(tmp):           # the image layer is read-only (0444/0555)
-                for name in dirs + files:
-                    p = os.path.join(dirpath, name)
-                    os.chmod(p, os.stat(p).st_mode | 0o200)
-            os.chmod(tmp, os.stat(tmp).st_mode | 0o200)
-            if os.path.isdir(dst):          # e.g. FlashInfer's tmp/lock dir or a half-built JIT dir: ours wins
-                shutil.rmtree(dst)
-            os.replace(tmp, dst)
-            copied += 1
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return copied
 
 
 # ---- build (child process: the environment must be set before flashinfer is imported) ------------------------
@@ -1095,7 +1053,7 @@ def _plain_module_rows(base: Mapping[str, Any], prebuilt: Mapping[str, Any] | No
     module; their dynamic shared memory is CUB temp storage of a 1024-thread block (a few KiB), not computed."""
     if not prebuilt:
         return [{**base, "name": f"{base['name']} (not built here: nothing to measure)", "ok": True,
-                 "skipped": "not built here (python -m turingbox_warmup.flashinfer_aot build --only sampling)"}]
+                 "skipped": "not built here (python -m turingbox.build.flashinfer_aot build --only sampling)"}]
     so = os.path.join(prebuilt["path"], f"{prebuilt['uri']}.so")
     res = module_resources(so, sm)
     ptxas = prebuilt.get("ptxas_resource_usage") or {}
@@ -1153,7 +1111,7 @@ def _records_from_args(a) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m turingbox_warmup.flashinfer_aot", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m turingbox.build.flashinfer_aot", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("derive", help="re-derive the shipped spec file from vLLM's and FlashInfer's source")
     d.add_argument("--vllm-src", default=None)
@@ -1190,7 +1148,8 @@ def main(argv: list[str] | None = None) -> int:
             fsrc = a.flashinfer_src or default_flashinfer_src()
             if not fsrc:
                 raise FlashInferAotError("no FlashInfer source (--flashinfer-src, TURINGBOX_FLASHINFER_SRC)")
-            fixtures = a.fixtures or os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "fixtures", "gpus")
+            repo = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))     # entrypoint/turingbox/build
+            fixtures = a.fixtures or os.path.join(repo, "tests", "fixtures", "gpus")
             write_specs(derive(vsrc, fsrc, fixtures), a.out)
             print(a.out)
         elif a.cmd == "list":

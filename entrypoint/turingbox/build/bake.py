@@ -1,6 +1,6 @@
 """`make bake`: an image with one seeded cache entry inside, in a read-only layer.
 
-    python -m turingbox_warmup.bake --image turingbox:0.1.0 (--from-volume NAME | --from-dir PATH)
+    python -m turingbox.build.bake --image turingbox:0.1.0 (--from-volume NAME | --from-dir PATH)
                                     [--gpus-json FILE] [--key KEY] [--tag TAG]
 
 Host side, Docker SDK only. Steps:
@@ -18,7 +18,7 @@ Host side, Docker SDK only. Steps:
 
 At start the runtime copies a matching baked entry into the cache volume (or a temporary
 directory) and logs `cache hit ... from baked`; an entry for another plan is ignored with the
-differing inputs in the log (turingbox_warmup.cache).
+differing inputs in the log (turingbox.cache.store).
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ import tarfile
 import tempfile
 from typing import Any, Mapping
 
-from turingbox_warmup import cache, fingerprint, flashinfer_aot
+from turingbox.build import flashinfer_aot
+from turingbox.cache import fingerprint, store
 
 DEFAULT_BAKED_DIR = "/opt/turingbox/baked-cache"
 BAKED_ENV = "TURINGBOX_BAKED_CACHE_DIR"
@@ -110,7 +111,7 @@ def choose_key(plan: Mapping[str, Any], manifests: Mapping[str, Mapping[str, Any
     if key is not None and key != wanted or key is None and wanted not in manifests:
         candidates = {k: m["inputs"] for k, m in manifests.items()
                       if (key is None or k == key) and m and isinstance(m.get("inputs"), dict)}
-        near = cache.nearest(inputs, candidates)
+        near = store.nearest(inputs, candidates)
         if near is None:
             raise BakeRefused(f"{source} has no cache entry for the plan {image} makes for the stated GPUs "
                               f"(key {wanted}; {_count(manifests)}).")
@@ -125,10 +126,10 @@ def _count(manifests: Mapping[str, Any]) -> str:
 
 
 def entry_refusal(entry: str, key: str, source: str) -> str | None:
-    problems = cache.entry_problems(entry, key, deep=True)
+    problems = store.entry_problems(entry, key, deep=True)
     if not problems:
         return None
-    if problems == [cache.INCOMPLETE]:
+    if problems == [store.INCOMPLETE]:
         return (f"Cache entry {key} in {source} is incomplete (its manifest was never completed): finish seeding it "
                 "with `turingbox warmup --seed-only` before baking it.")
     return f"Cache entry {key} in {source} is corrupt ({'; '.join(problems[:3])}); reseed it before baking it."
@@ -151,8 +152,8 @@ def find_root(path: str, work: str) -> str:
     """A cache root (has entries/) or a single entry (has manifest.json) -> a cache root."""
     if os.path.isdir(os.path.join(path, "entries")):
         return path
-    if os.path.isfile(os.path.join(path, cache.MANIFEST)):
-        manifest = cache.read_manifest(path) or {}
+    if os.path.isfile(os.path.join(path, store.MANIFEST)):
+        manifest = store.read_manifest(path) or {}
         key = manifest.get("key") if isinstance(manifest.get("key"), str) else os.path.basename(os.path.normpath(path))
         parent = tempfile.mkdtemp(prefix="root-", dir=work)
         os.makedirs(os.path.join(parent, "entries"))
@@ -292,7 +293,7 @@ def build_context(entry: str, key: str, df: str, manifest: Mapping[str, Any]) ->
             tar.addfile(info)
             for name in sorted(names):
                 path = os.path.join(dirpath, name)
-                if rel == "." and name == cache.MANIFEST:
+                if rel == "." and name == store.MANIFEST:
                     _add_bytes(tar, f"{arc}/{name}", json.dumps(manifest, indent=2, sort_keys=True).encode(), 0o444)
                     continue
                 ninja = flashinfer_aot.relocatable_ninja(dirpath) if name == "build.ninja" else None
@@ -329,7 +330,7 @@ def bake(client, image: str, source_desc: str, manifests: Mapping[str, Any], fet
     refusal = entry_refusal(entry, chosen, source_desc)
     if refusal:
         raise BakeRefused(refusal)
-    manifest = cache.read_manifest(entry)
+    manifest = store.read_manifest(entry)
     if fingerprint.cache_key(manifest["inputs"]) != plan["cache_key"]:  # belt and braces: the key is the hash
         raise BakeRefused(f"Cache entry {chosen} in {source_desc} does not hash to the plan's key {plan['cache_key']}.")
     baked_dir, set_env = baked_dir_of(base.attrs)
@@ -338,9 +339,9 @@ def bake(client, image: str, source_desc: str, manifests: Mapping[str, Any], fet
     name = tag or derived_tag(image, chosen, version)
     manifest = {**manifest, "hits": 0, "last_hit": None,
                 "baked": {"image": image, "from": source_desc,
-                          "at": cache.utc_now()}}
+                          "at": store.utc_now()}}
     context = build_context(entry, chosen, dockerfile(base.id, baked_dir, chosen, set_env), manifest)
-    log(f"bake: building {name} from {image} with cache entry {chosen} ({cache.format_sizes(manifest.get('sizes') or {})})")
+    log(f"bake: building {name} from {image} with cache entry {chosen} ({store.format_sizes(manifest.get('sizes') or {})})")
     try:
         built, _logs = client.images.build(fileobj=context, custom_context=True, tag=name, rm=True, forcerm=True,
                                            labels=labels_for(manifest, image, source_desc))
@@ -375,11 +376,11 @@ def main(argv: list[str] | None = None) -> int:
             raise BakeRefused(f"Cannot reach the Docker engine ({exc.__class__.__name__}).") from None
         if a.from_dir:
             root = stage_dir(a.from_dir, work)
-            manifests = cache.list_entries(root)
+            manifests = store.list_entries(root)
             desc = a.from_dir
 
             def fetch(key: str) -> str:
-                return cache.entry_dir(root, key)
+                return store.entry_dir(root, key)
         else:
             volume = VolumeSource(client, a.image, a.from_volume)
             desc = f"volume {a.from_volume}"
@@ -404,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"{result['image']}: cache entry {result['cache_key']} at {result['entry']} "
               f"({result['gpu_name']}, TP {result['tensor_parallel_size']}, MTP {result['num_speculative_tokens']}; "
-              f"{cache.format_sizes(result['sizes'])})")
+              f"{store.format_sizes(result['sizes'])})")
     return 0
 
 

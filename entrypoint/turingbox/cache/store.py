@@ -31,8 +31,9 @@ from typing import Any, Callable, Mapping
 import filelock
 
 from turingbox import settings
+from turingbox.cache import fingerprint
+from turingbox.cache.flashinfer_prebuilt import seed_workspace
 from turingbox.errors import UsageError
-from turingbox_warmup import fingerprint
 
 log = logging.getLogger("turingbox.cache")
 
@@ -72,13 +73,13 @@ CACHE_LOCK_WAIT = settings.declare(settings.Setting(
 ))
 AOT_TRITON_DIR = settings.declare(settings.Setting(
     name="aot_triton_dir",
-    help="Triton cache compiled ahead of time at image build (python -m turingbox_warmup.aot), copied into "
+    help="Triton cache compiled ahead of time at image build (python -m turingbox.build.aot), copied into "
          "the triton/ folder of every new cache entry",
     default=None,
 ))
 AOT_FLASHINFER_DIR = settings.declare(settings.Setting(
     name="aot_flashinfer_dir",
-    help="FlashInfer modules built ahead of time at image build (python -m turingbox_warmup.flashinfer_aot), "
+    help="FlashInfer modules built ahead of time at image build (python -m turingbox.build.flashinfer_aot), "
          "copied into the flashinfer/ folder of every new cache entry",
     default=None,
 ))
@@ -554,7 +555,6 @@ def prepare_cache(plan: Mapping[str, Any], cache_root: str | None = None, *, bak
                 _event(status, logging.INFO, f"cache entry {key}: {added} ahead-of-time Triton files from "
                        f"{resolved['aot_triton_dir']}")
         if result == "miss" and resolved["aot_flashinfer_dir"]:
-            from turingbox_warmup.flashinfer_aot import seed_workspace
             modules = seed_workspace(resolved["aot_flashinfer_dir"], os.path.join(entry, CACHES["flashinfer"][0]))
             status["aot_flashinfer_modules"] = modules
             if modules:

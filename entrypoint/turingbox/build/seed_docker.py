@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Iterable, Mapping
 
-from turingbox_warmup.command import RESULT_PREFIX, STAGE_PREFIX, STAGES
+from turingbox.serve.warmup_command import RESULT_PREFIX, STAGE_PREFIX, STAGES
 
 CACHE_MOUNT = "/cache"
 # compose.yaml names its cache volume `cache`; compose prefixes it with the project name.

@@ -1,6 +1,6 @@
 """Derive the shipped AOT specializations (vllm-0.21.0.jsonl, turingbox-plugin.jsonl, xgrammar.jsonl) from source.
 
-    python warmup/turingbox_warmup/aot_specs/derive.py [--vllm-src DIR] [--out DIR]
+    python entrypoint/turingbox/build/aot_specs/derive.py [--vllm-src DIR] [--out DIR]
 
 No GPU and no vLLM install needed: each kernel is loaded from vLLM 0.21.0's source file
 (`aot.load_kernel_from_source`: same source and line numbers, so the same Triton cache key)
@@ -271,13 +271,13 @@ def plugin_launches() -> Iterator[tuple[str, str, list, dict]]:
 # ---- records ------------------------------------------------------------------------------------
 
 def kernel_for(qualname: str, vllm_src: str):
-    from turingbox_warmup import aot
+    from turingbox.build import aot
     return aot.resolve_kernel(qualname, {"vllm": vllm_src})
 
 
 def records(items, vllm_src: str, plan_names: dict[int, list[str]] | None = None) -> list[dict[str, Any]]:
     """Dedupe identical specializations (several plans share most of them), keeping who needs each."""
-    from turingbox_warmup import aot
+    from turingbox.build import aot
     out: dict[str, dict[str, Any]] = {}
     for plan_name, (qualname, launch, args, kwargs) in items:
         fn = kernel_for(qualname, vllm_src)
@@ -297,7 +297,7 @@ def derive(vllm_src: str) -> dict[str, list[dict[str, Any]]]:
     layouts = {p.name: {**asdict(p), "kv_layout": kv_layout(p, m)} for p in PLANS}
     header = {"comment": f"Triton launch specializations of vLLM {VLLM_VERSION}'s first-request kernels for "
                          "turingbox's plans, derived from the vLLM source by aot_specs/derive.py (not captured "
-                         "on a GPU); `python -m turingbox_warmup.aot` compiles them for every arch.",
+                         "on a GPU); `python -m turingbox.build.aot` compiles them for every arch.",
               "plans": layouts}
     plugin_header = {"comment": "turingbox_plugin.kernels launches (verify probe), derived by aot_specs/derive.py."}
     files = {f"vllm-{VLLM_VERSION}.jsonl": [header] + records(vllm_items, vllm_src),

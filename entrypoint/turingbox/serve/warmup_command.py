@@ -1,7 +1,7 @@
 """`turingbox warmup [--seed-only]` and `turingbox cache show|verify|seed`.
 
 Seeding prints one `turingbox-stage: <name>` line per stage and a final
-`turingbox-seed-result: {json}` line; `make warmup-cache` (seed_docker.py) drives its progress bar
+`turingbox-seed-result: {json}` line; `make warmup-cache` (turingbox.build.seed_docker) drives its progress bar
 from them, so they are a small protocol: STAGES is its single definition.
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ import sys
 from typing import Any, Mapping
 
 from turingbox import settings
+from turingbox.cache import store
 from turingbox.errors import UsageError
-from turingbox_warmup import cache
 
 STAGE_PREFIX = "turingbox-stage: "
 RESULT_PREFIX = "turingbox-seed-result: "
@@ -47,7 +47,7 @@ def _plan_settings() -> tuple[str, ...]:
 def register(sub: argparse._SubParsersAction) -> None:
     plan_names = _plan_settings()
     # One flag per setting even if the planner also lists a cache setting.
-    names = tuple(dict.fromkeys(plan_names + cache.CACHE_SETTINGS + ("warmup_timeout",)))
+    names = tuple(dict.fromkeys(plan_names + store.CACHE_SETTINGS + ("warmup_timeout",)))
     warm = sub.add_parser("warmup", help="start the engine with the plan, warm every cache, stop (seeds the cache)",
                           description="Fill the cache entry for this plan. Without --seed-only an entry that is "
                                       "already complete is left alone (exit 0 without starting the engine).")
@@ -84,19 +84,19 @@ def _root(args) -> str:
 
 def describe_entries(root: str, verify: bool = False) -> list[dict[str, Any]]:
     rows = []
-    for key, manifest in cache.list_entries(root).items():
+    for key, manifest in store.list_entries(root).items():
         m = manifest or {}
         sizes = m.get("sizes") or {}
         row = {
-            "key": key, "complete": bool(m.get("completed")) and not cache.manifest_problem(m, key),
+            "key": key, "complete": bool(m.get("completed")) and not store.manifest_problem(m, key),
             "created": m.get("created"), "completed": m.get("completed"), "hits": m.get("hits", 0),
             "source": m.get("source"), "sizes": sizes,
             "bytes": sum(int(s.get("bytes", 0)) for s in sizes.values() if isinstance(s, Mapping)),
-            "manifest_ok": manifest is not None and cache.manifest_problem(m, key) is None,
+            "manifest_ok": manifest is not None and store.manifest_problem(m, key) is None,
             "inputs": m.get("inputs"),
         }
         if verify:
-            row["problems"] = cache.entry_problems(cache.entry_dir(root, key), key, deep=True)
+            row["problems"] = store.entry_problems(store.entry_dir(root, key), key, deep=True)
             row["verified"] = not row["problems"]
         rows.append(row)
     return rows
@@ -147,15 +147,15 @@ def run_verify(args) -> int:
         root = _root(args)
     if not os.path.isdir(root):
         raise UsageError(f"The cache root {root} (cache_dir / TURINGBOX_CACHE_DIR) does not exist.")
-    entries = cache.list_entries(root)
+    entries = store.list_entries(root)
     keys = args.keys or sorted(entries)
     unknown = [k for k in keys if k not in entries]
     if unknown:
         raise UsageError(f"No cache entry {unknown[0]} under {root} ({len(entries)} entries exist).")
     report, corrupt = {}, 0
     for key in keys:
-        problems = cache.entry_problems(cache.entry_dir(root, key), key, deep=True)
-        incomplete = problems == [cache.INCOMPLETE]
+        problems = store.entry_problems(store.entry_dir(root, key), key, deep=True)
+        incomplete = problems == [store.INCOMPLETE]
         report[key] = {"ok": not problems, "incomplete": incomplete, "problems": problems}
         corrupt += bool(problems) and not incomplete
     if args.json:
@@ -208,11 +208,11 @@ def strict_warmup_problems(worker_status: list[Mapping[str, Any]], tensor_parall
 
 
 def run_warmup(args) -> int:
-    values = settings.resolve(cache.CACHE_SETTINGS + ("warmup_timeout",), args)  # bad input before any work
+    values = settings.resolve(store.CACHE_SETTINGS + ("warmup_timeout",), args)  # bad input before any work
     stage("plan")
     plan = _load_plan(args)
     stage("cache")
-    session = cache.prepare_cache(plan, values["cache_dir"], baked_root=values["baked_cache_dir"],
+    session = store.prepare_cache(plan, values["cache_dir"], baked_root=values["baked_cache_dir"],
                                   lock_wait_s=values["cache_lock_wait"])
     try:
         return _seed(args, plan, session, values["warmup_timeout"])
@@ -220,7 +220,7 @@ def run_warmup(args) -> int:
         session.close()   # a private/cold copy lives in TMPDIR: never leave it behind
 
 
-def _seed(args, plan: Mapping[str, Any], session: cache.CacheSession, timeout: float) -> int:
+def _seed(args, plan: Mapping[str, Any], session: store.CacheSession, timeout: float) -> int:
     for line in session.status["events"]:
         print(f"turingbox: {line}", flush=True)
     if session.status["result"] == "hit" and session.mode == "shared" and not getattr(args, "seed_only", False):
@@ -247,8 +247,8 @@ def _seed(args, plan: Mapping[str, Any], session: cache.CacheSession, timeout: f
     return 0
 
 
-def _print_result(session: cache.CacheSession, plan: Mapping[str, Any]) -> None:
-    sizes, _ = cache.measure(session.entry)
+def _print_result(session: store.CacheSession, plan: Mapping[str, Any]) -> None:
+    sizes, _ = store.measure(session.entry)
     print(RESULT_PREFIX + json.dumps({
         "cache_key": session.key, "entry": session.entry, "mode": session.mode,
         "result": session.status["result"], "sizes": sizes,
@@ -267,7 +267,7 @@ def engine_env(plan: Mapping[str, Any], cache_env: Mapping[str, str], runtime_di
     return env
 
 
-def _warm_engine(plan: Mapping[str, Any], session: cache.CacheSession, timeout: float, passthrough: list[str]) -> None:
+def _warm_engine(plan: Mapping[str, Any], session: store.CacheSession, timeout: float, passthrough: list[str]) -> None:
     """Start vLLM with serve's own launcher (controller.vllm_argv + supervisor.Supervisor), wait until
     it answers, check the workers' strict warmup, run the active warmup, stop it gracefully.
 
@@ -320,7 +320,7 @@ async def _run_engine(plan, session, timeout, passthrough, vllm_command, runtime
     import time
 
     from turingbox.engine import launch, supervisor
-    from turingbox_warmup.active import run_active_warmup
+    from turingbox.serve.active_warmup import run_active_warmup
 
     port = launch.free_loopback_port()
     argv = launch.vllm_argv(plan, port, passthrough, vllm_command)

@@ -1,1 +1,0 @@
-"""Caches (fingerprinted Triton/Inductor/autotune/FlashInfer), seeding and warm jobs."""
