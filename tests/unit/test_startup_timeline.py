@@ -1,0 +1,36 @@
+"""bench/startup_timeline.py reads where a recorded start's seconds went (issue 18's profile), from the H200 log
+of session 7's seeded start: every step found, in order, adding up to the ready time the sidecar logged."""
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LOG = os.path.join(REPO, "docs", "data", "2026-12-02-h200-s7", "turingbox-soak64.log.gz")
+
+
+def test_session7_seeded_start_timeline(tmp_path):
+    out = tmp_path / "t.json"
+    subprocess.run([sys.executable, os.path.join(REPO, "bench", "startup_timeline.py"), LOG, "--json", str(out)],
+                   check=True, capture_output=True, text=True, timeout=120)
+    r = json.loads(out.read_text())
+    steps = {s["step"]: s for s in r["steps"]}
+    assert len(steps) == 12
+    # the sidecar logged "ready after 111.7 s"; vLLM's own lines are known to the second
+    assert abs(r["ready_s"] - 111.7) < 1.0
+    assert abs(sum(s["seconds"] for s in r["steps"]) - r["ready_s"]) < 0.2
+    assert steps["vLLM CLI + API-server imports"]["seconds"] == 16.3
+    assert steps["engine-core process spawn + imports"]["seconds"] == 21.0
+    assert steps["torch.compile from the cache (model + drafter)"]["seconds"] == 15.0
+    starts = [s["start_s"] for s in r["steps"]]
+    assert starts == sorted(starts)
+
+
+def test_a_log_without_milestones_is_one_sentence(tmp_path):
+    log = tmp_path / "empty.log"
+    log.write_text("nothing here\n")
+    p = subprocess.run([sys.executable, os.path.join(REPO, "bench", "startup_timeline.py"), str(log)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert "no timestamped turingbox/vLLM lines" in p.stderr
+    assert "Traceback" not in p.stderr
