@@ -1,18 +1,39 @@
-"""Every setting declared once: a CLI flag and a TURINGBOX_* environment variable.
+"""Every setting of the appliance, declared once: a CLI flag and a TURINGBOX_* environment variable.
 
-Feature modules declare their settings with `declare(...)` at import time; a command adds the
-flags it uses with `add_arguments(parser, names)` and resolves them once with `resolve(args)`.
-Precedence: CLI flag > TURINGBOX_* env > default. A bad value raises UsageError naming the
-setting, the variable and the value.
+The one table is SETTINGS below (grouped by what it configures: the plan, the demo model, the serve
+sidecar, the compile cache, warmup); each row gives the name, help, parser, default and, where it is
+not derived from the name, the flag or variable. Nothing else declares a setting: a command adds the
+flags it uses with `add_arguments(parser, names)` and resolves them once with `resolve(names, args)`;
+the modules that use a setting read the resolved value. Precedence: CLI flag > TURINGBOX_* env >
+default. A bad value raises UsageError naming the setting, the variable and the value.
+
+The vocabulary the parsers check against (MTP_MAX, BACKENDS, KV_DTYPES, ...) lives here too, so the
+parsers need nothing above this module; the planner imports it from here.
+
+Settings handed to the vLLM plugin (turingbox_plugin, which imports nothing of the appliance and has
+its own resolver, turingbox_plugin.activation) are listed in PLUGIN_CONFIG and PLUGIN_ENV: the
+appliance resolves them here and passes only the results on.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from turingbox.errors import UsageError
+
+# ---- the vocabulary of allowed values (the planner imports these from here) --------------------
+
+MTP_MAX = 8          # vLLM accepts more, but acceptance of deeper drafts collapses; refuse silly values
+BACKENDS = ("FLASHINFER", "FLASH_ATTN", "TRITON_ATTN")
+KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
+OBJECTIVES = ("latency", "throughput")
+GDN_PATHS = ("auto", "turbo", "vllm")              # the plugin's GDN_MODES; "auto": turbo on sm_75 only
+GDN_PREFILL_BACKENDS = ("triton", "flashinfer")
+FULL_ATTENTION_INTERVAL = 4               # every 4th layer of Qwen3.5/3.6 is full attention
 
 
 @dataclass(frozen=True)
@@ -33,16 +54,6 @@ class Setting:
     @property
     def env_name(self) -> str:
         return self.env or "TURINGBOX_" + self.name.upper()
-
-
-REGISTRY: dict[str, Setting] = {}
-
-
-def declare(setting: Setting) -> Setting:
-    if setting.name in REGISTRY and REGISTRY[setting.name] != setting:
-        raise RuntimeError(f"setting {setting.name} declared twice")
-    REGISTRY[setting.name] = setting
-    return setting
 
 
 # ---- value parsers: each raises ValueError with a short reason ----------------------------
@@ -119,6 +130,238 @@ def choice(*options: str) -> Callable[[str], str]:
     return parse
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        raise ValueError("must be a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("must be zero or a positive number")
+    return value
+
+
+def path(text: str) -> str:
+    text = str(text).strip()
+    if not text:
+        raise ValueError("must be a path")
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def directory(text: str) -> str:
+    text = str(text).strip()
+    if not text:
+        raise ValueError("must be a directory path")
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def context(text: str) -> int:
+    """Tokens: 262144, 256k or 256K (x1024)."""
+    t = str(text).strip().lower()
+    scale = 1024 if t.endswith("k") else 1
+    value = positive_int(t[:-1] if scale > 1 else t) * scale
+    return value
+
+
+def mtp(text: str) -> int:
+    value = non_negative_int(text)
+    if value > MTP_MAX:
+        raise ValueError(f"must be between 0 and {MTP_MAX}")
+    return value
+
+
+def backend(text: str) -> str:
+    return choice(*(b.lower() for b in BACKENDS))(text).upper()
+
+
+def dtype(text: str) -> str | None:
+    value = choice("auto", "half", "float16", "bfloat16")(text)
+    return None if value == "auto" else ("half" if value == "float16" else value)
+
+
+def kv_dtype(text: str) -> str | None:
+    return choice(*KV_DTYPES)(text)
+
+
+def demo_layers(text: str) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ValueError(f"must be a positive multiple of {FULL_ATTENTION_INTERVAL}") from None
+    if value <= 0 or value % FULL_ATTENTION_INTERVAL:
+        raise ValueError(f"must be a positive multiple of {FULL_ATTENTION_INTERVAL} "
+                         f"(every {FULL_ATTENTION_INTERVAL}th layer is full attention)")
+    return value
+
+
+def command_line(text: str) -> str:
+    try:
+        parts = shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(f"is not a valid command line ({exc})") from None
+    if not parts:
+        raise ValueError("must name a program")
+    return text
+
+
+def api_key(text: str) -> str:
+    value = str(text)
+    if value != value.strip() or not value:
+        raise ValueError("must be a non-empty key without surrounding spaces")
+    if not value.isprintable() or any(c.isspace() for c in value):
+        raise ValueError("must not contain spaces or control characters")
+    return value
+
+
+# ---- THE TABLE: every setting of the appliance, once ------------------------------------------
+# Setting(name, help, parser, default, flag=..., env=...); the flag defaults to --<name-with-dashes>,
+# the variable to TURINGBOX_<NAME>. The order within a group is the order of the flags in --help.
+
+_PLAN = (   # turingbox plan / serve / warmup: what the planner reads (planner.DEFAULTS is these defaults)
+    # the model and the GPUs
+    Setting("model", "model directory (config.json, tokenizer, weights); unset: the built-in demo model", path),
+    Setting("gpus_json", "read the GPU inventory from this JSON file instead of NVML (simulation)", path),
+    # parallelism and speculative decoding
+    Setting("tensor_parallel_size", "tensor-parallel GPUs (default: the largest legal count of identical GPUs)",
+            positive_int, env="TURINGBOX_TP"),
+    Setting("objective", "what to optimise when the model fits in fewer GPUs than are visible: latency (one "
+            "wide TP group) or throughput (data-parallel replicas)", choice(*OBJECTIVES), default="latency"),
+    Setting("mtp", f"MTP speculative tokens, 0-{MTP_MAX} (default: by architecture and TP)", mtp),
+    # context, batching and memory
+    Setting("max_model_len", "context length in tokens, e.g. 262144 or 256k (default: the model's; "
+            "shrunk to what fits)", context),
+    Setting("max_num_seqs", "concurrent sequences, each able to reach max_model_len (default: what fits)",
+            positive_int),
+    Setting("max_num_batched_tokens", "tokens per engine step (prefill chunk)", positive_int),
+    Setting("gpu_memory_utilization", "fraction of each GPU vLLM may budget (default: from free memory)", fraction),
+    # kernels
+    Setting("kv_cache_dtype", "KV cache dtype: " + ", ".join(KV_DTYPES) + " (default: fp8)", kv_dtype),
+    Setting("attention_backend", "attention backend: " + ", ".join(BACKENDS) + " (default: by architecture)",
+            backend),
+    Setting("dtype", "activation dtype: auto, half, bfloat16 (sm_75: half)", dtype),
+    Setting("gdn_prefill_backend", "GDN prefill kernels: triton or flashinfer (sm_90 only)",
+            choice(*GDN_PREFILL_BACKENDS)),
+    Setting("gdn", "GDN path in the workers: auto, turbo (turingbox's sm_75 kernels) or vllm",   # plugin
+            choice(*GDN_PATHS), default="auto"),
+    Setting("enforce_eager", "no CUDA graphs (debugging; decode is several times slower)", boolean, default=False),
+    Setting("prefix_caching", "prefix caching (with --mamba-cache-mode align for GDN models)", boolean,
+            default=True),
+    # what clients see, and the least context worth serving
+    Setting("served_model_name", "model name clients use (default: the model directory's name)", str),
+    Setting("min_model_len", "refuse to plan when the context would shrink below this many tokens", context,
+            default=4096),
+    # the plugin in vLLM's workers (handed on: PLUGIN_CONFIG, PLUGIN_ENV)
+    Setting("strict_warmup", "fail start-up when any kernel compiles after warmup", boolean, default=True),
+    Setting("require_plugin", "fail start-up when the turingbox vLLM plugin is not active in the workers",
+            boolean, default=True),
+    Setting("benchmark_mode", "plugin benchmark mode (synthetic MTP acceptance for dummy weights)", boolean,
+            default=False),
+    Setting("runtime_dir", "directory where workers write their status files", path,
+            default=os.path.join(tempfile.gettempdir(), "turingbox-runtime")),
+)
+
+_DEMO = (   # the built-in demo model (turingbox plan/serve without --model, turingbox model demo)
+    Setting("models_dir", "directory where models (the demo model included) are kept", directory,
+            default=os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "models")),
+    Setting("demo_layers", "demo model: number of layers (a positive multiple of 4; default: all 64 of Qwen3.6-27B)",
+            demo_layers),
+    Setting("demo_awq", "demo model: add the AWQ INT4 quantization config of the seed", boolean, default=False),
+)
+
+_SERVE = (  # turingbox serve: the sidecar in front of vLLM
+    # listening
+    Setting("host", "address the sidecar listens on", str, "0.0.0.0"),
+    Setting("port", "public port of the sidecar (health, metrics, /v1 proxy)", port, 8000),
+    Setting("upstream_port", "loopback port for vLLM itself; 0 picks a free one", port, 0),
+    # access
+    Setting("api_key", "API key required on /v1/* and /turingbox/plan as 'Authorization: Bearer "
+            "KEY' (unset or empty: off, /v1 open, logged as a warning)", api_key, None, secret=True),
+    Setting("metrics_require_key", "also require the API key on /metrics", boolean, False),
+    # stopping and starting
+    Setting("drain_grace_seconds", "on SIGTERM, how long in-flight requests may take to finish",
+            non_negative_float, 30.0),
+    Setting("vllm_stop_grace_seconds", "how long vLLM gets between SIGTERM and SIGKILL", non_negative_float, 15.0),
+    Setting("startup_timeout_seconds", "give up when vLLM is not answering after this long", positive_float, 3600.0),
+    # request limits
+    Setting("max_request_bytes", "largest request body the proxy accepts", positive_int, 32 * 1024 * 1024),
+    Setting("max_header_bytes", "largest request head (request line and headers) the sidecar "
+            "accepts; larger ones get 431", positive_int, 64 * 1024),
+    Setting("client_timeout_seconds", "longest a client may take to send its request head, and "
+            "to send each part of its body (then 408)", positive_float, 60.0),
+    # readiness and liveness
+    Setting("active_warmup", "send real requests through vLLM before reporting ready", boolean, True),
+    Setting("upstream_probe_seconds", "after ready, how often vLLM's /health is probed (and "
+            "how long a probe may take before readiness turns 503)", positive_float, 5.0),
+    Setting("exit_linger_seconds", "after vLLM died or startup failed (no plan, vLLM not ready), "
+            "how long the sidecar keeps answering (liveness 503) before exiting", non_negative_float, 2.0),
+    # the engine and the plan it runs
+    Setting("vllm_command", "program that runs vLLM (default: this Python with "
+            "-m vllm.entrypoints.cli.main); for tests and custom builds", command_line, None),
+    Setting("plan_file", "serve this plan JSON (from `turingbox plan --json`) instead of "
+            "planning now", str, None),
+)
+
+_CACHE = (  # the compile cache (serve, warmup, cache show/verify/seed)
+    Setting("cache_dir", "cache root holding one compile-cache entry per plan fingerprint (a volume in "
+            "compose/Kubernetes)", default=os.path.join(os.path.expanduser("~"), ".cache", "turingbox")),
+    Setting("baked_cache_dir", "read-only cache root baked into the image, consulted before the cache volume"),
+    Setting("cache_lock_wait", "seconds to wait for another process's writer lock on the same entry before "
+            "using a private copy", positive_float, 20.0),
+    Setting("aot_triton_dir", "Triton cache compiled ahead of time at image build (python -m turingbox.build.aot), "
+            "copied into the triton/ folder of every new cache entry"),
+    Setting("aot_flashinfer_dir", "FlashInfer modules built ahead of time at image build (python -m "
+            "turingbox.build.flashinfer_aot), copied into the flashinfer/ folder of every new cache entry"),
+)
+
+_WARMUP = (  # turingbox warmup / cache seed
+    Setting("warmup_timeout", "seconds a seeding run may take to reach ready (compiles, autotuning and JIT "
+            "included)", positive_float, 1800.0),
+)
+
+SETTINGS: tuple[Setting, ...] = _PLAN + _DEMO + _SERVE + _CACHE + _WARMUP
+
+
+def _names(group: tuple[Setting, ...]) -> tuple[str, ...]:
+    return tuple(s.name for s in group)
+
+
+REGISTRY: dict[str, Setting] = {s.name: s for s in SETTINGS}
+assert len(REGISTRY) == len(SETTINGS), "a setting is declared twice"
+assert len({s.env_name for s in SETTINGS}) == len(SETTINGS), "two settings share a variable"
+
+# What each command resolves (and the order of its flags in --help).
+PLANNER_SETTINGS = _names(_PLAN)
+DEMO_SETTINGS = _names(_DEMO)
+PLAN_SETTINGS = PLANNER_SETTINGS + DEMO_SETTINGS      # turingbox plan (and serve/warmup when they plan)
+SERVE_SETTINGS = _names(_SERVE)
+CACHE_SETTINGS = _names(_CACHE)
+WARMUP_SETTINGS = _names(_WARMUP)
+# What make_plan fills in for a setting the caller left out (None: decide automatically).
+PLANNER_DEFAULTS: dict[str, Any] = {s.name: s.default for s in _PLAN}
+
+# ---- handed to the plugin ------------------------------------------------------------------
+# The plugin (turingbox_plugin) runs in vLLM's workers, imports nothing of the appliance and resolves its
+# own settings (turingbox_plugin.activation: additional_config over TURINGBOX_* variables). The appliance
+# resolves these settings here, the planner turns them into the plugin's values, and only the results
+# travel: in vLLM's argv as --additional-config '{"turingbox": {...}}' (PLUGIN_CONFIG: plugin key -> the
+# settings it comes from), or, where vLLM would hash a volatile value into its compile-cache key, in the
+# plan's env (PLUGIN_ENV: variable -> setting). The engine launcher drops every declared TURINGBOX_* from
+# the environment vLLM inherits, so the plugin never re-reads a raw appliance variable.
+PLUGIN_CONFIG: dict[str, tuple[str, ...]] = {
+    "strict_warmup": ("strict_warmup",),
+    "require_plugin": ("require_plugin",),
+    "gdn": ("gdn",),                                   # "auto" resolved to the GPU's path by the planner
+    "num_speculative_tokens": ("mtp",),                # unset: the planner's MTP depth
+    "max_num_seqs": ("max_num_seqs",),                 # unset: what fits
+    "cudagraph_capture_sizes": ("max_num_seqs", "enforce_eager"),   # the planner's sizes up to max_num_seqs
+}
+PLUGIN_ENV: dict[str, str] = {
+    REGISTRY["runtime_dir"].env_name: "runtime_dir",
+    REGISTRY["benchmark_mode"].env_name: "benchmark_mode",
+}
+
+
+# ---- resolution ----------------------------------------------------------------------------
+
 def _validate(setting: Setting, raw: str, source: str) -> Any:
     try:
         return setting.parse(raw)
@@ -154,6 +397,20 @@ def resolve(names: Iterable[str], args: argparse.Namespace | None = None,
         else:
             out[name] = s.default
     return out
+
+
+def explicit(name: str, args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> bool:
+    """Whether a setting was given (by flag or a non-empty variable) rather than left at its default."""
+    env = os.environ if env is None else env
+    return (args is not None and getattr(args, name, None) is not None) or env.get(REGISTRY[name].env_name, "") != ""
+
+
+def env_state(name: str, env: Mapping[str, str] | None = None) -> str:
+    """How a setting's variable stands in the environment: "set", "empty" (set to "", which resolve treats
+    as unset) or "unset"; for messages that tell an empty variable from a missing one."""
+    env = os.environ if env is None else env
+    value = env.get(REGISTRY[name].env_name)
+    return "unset" if value is None else ("empty" if value == "" else "set")
 
 
 def redacted(values: Mapping[str, Any]) -> dict[str, Any]:

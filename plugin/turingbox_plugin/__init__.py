@@ -64,4 +64,5 @@ def register() -> None:
         except Exception:
             pass
     for key, value in ENV_DEFAULTS.items():
+        # environ: defaults for vLLM's/Triton's own variables, set before vLLM reads them
         os.environ.setdefault(key, value)

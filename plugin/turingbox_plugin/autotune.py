@@ -86,6 +86,7 @@ def install(prune_num_stages: bool, stable_cache_dir: str | None,
             if not stable_cache_dir:
                 return original_check(self, tuning_key, configs, bench_fn)
             with _lock_env:
+                # environ: Triton's autotune cache follows TRITON_CACHE_DIR in the process env
                 before = os.environ.get("TRITON_CACHE_DIR")
                 os.environ["TRITON_CACHE_DIR"] = stable_cache_dir
                 try:

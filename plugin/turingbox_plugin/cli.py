@@ -43,6 +43,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 # -- verify ---------------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace) -> int:
     # the compile rows may import vLLM, whose logger writes to stdout: keep stdout the report (--json)
+    # environ: vLLM's logging variable, set before vLLM is imported
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     from turingbox_plugin import verify
 
@@ -143,6 +144,7 @@ def cmd_bench_prefill(args: argparse.Namespace) -> int:
 
 
 def _bench_common(p: argparse.ArgumentParser) -> None:
+    # environ: client tools' defaults (a bench beside any server; the plugin imports nothing of the appliance)
     p.add_argument("--url", default=os.environ.get("TURINGBOX_BENCH_URL", "http://localhost:8000"),
                    help="server base URL [env TURINGBOX_BENCH_URL]")
     p.add_argument("--model", default=None, help="model name (default: the first of /v1/models)")

@@ -85,6 +85,7 @@ class TuringboxWorker(Worker):
         from turingbox_plugin import autotune
 
         self.tb_active_paths["autotune_patch"] = autotune.install(
+            # environ: TRITON_CACHE_DIR: set by the launcher for vLLM and Triton, read here as Triton reads it
             prune_num_stages=s.prune_autotune, stable_cache_dir=os.environ.get("TRITON_CACHE_DIR"))
         self._require(self.tb_active_paths["jit_accounting"], "Triton's post-compile hook could not be installed")
         self.tb_status.update(stage="loading", active=self.tb_active_paths)

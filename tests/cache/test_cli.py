@@ -68,9 +68,12 @@ def test_bad_input_is_one_sentence_and_exit_2(tmp_path):
 
 
 def test_warmup_on_a_complete_entry_does_nothing_but_report_it(tmp_path):
+    from plan_factory import planned
     plan = make_plan()
     seed(plan, tmp_path / "root")
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    # a whole plan (warmup --plan-json takes `turingbox plan --json`'s object) with this test's fingerprint
+    saved = planned(cache_inputs=plan["cache_inputs"], cache_key=plan["cache_key"]).to_dict()
+    (tmp_path / "plan.json").write_text(json.dumps(saved))
     r = cli("warmup", "--plan-json", str(tmp_path / "plan.json"), root=tmp_path / "root")
     assert r.returncode == 0, r.stderr
     stages = [l.split(": ", 1)[1].split()[0] for l in r.stdout.splitlines() if l.startswith("turingbox-stage: ")]

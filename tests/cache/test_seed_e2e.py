@@ -111,18 +111,18 @@ def assert_incomplete(box, key):
 
 def test_seed_only_leaves_a_complete_verified_entry_that_serve_then_hits(box):
     plan = expected_plan(box)
-    key = plan["cache_key"]
+    key = plan.cache_key
     r = warmup(box, "--seed-only")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert stages_of(r.stdout) == list(STAGES)
     assert "engine_filling_caches: wrote" in r.stdout          # the engine really ran
     result = result_of(r.stdout)
     assert result["cache_key"] == key and result["mode"] == "shared" and result["result"] == "miss"
-    assert result["gpu_name"] == "NVIDIA H200" and result["num_speculative_tokens"] == plan["num_speculative_tokens"]
+    assert result["gpu_name"] == "NVIDIA H200" and result["num_speculative_tokens"] == plan.num_speculative_tokens
 
     entry = store.entry_dir(box["root"], key)
     manifest = json.load(open(os.path.join(entry, "manifest.json")))
-    assert manifest["completed"] and manifest["inputs"] == plan["cache_inputs"] and manifest["source"] == "seeded"
+    assert manifest["completed"] and manifest["inputs"] == plan.cache_inputs and manifest["source"] == "seeded"
     assert manifest["sizes"]["triton"]["files"] == 2 and manifest["sizes"]["vllm"] == {"files": 1, "bytes": 512}
     index = json.load(open(os.path.join(entry, "index.json")))
     assert set(ARTEFACTS) <= set(index)                          # what the engine wrote, under the entry
@@ -152,7 +152,7 @@ def test_seed_only_leaves_a_complete_verified_entry_that_serve_then_hits(box):
      "Strict warmup did not pass: worker 0 compiled after ready: rejection_greedy_sample_kernel"),
 ])
 def test_a_failed_seed_leaves_the_entry_incomplete_and_says_why(box, fault, value, sentence):
-    key = expected_plan(box)["cache_key"]
+    key = expected_plan(box).cache_key
     r = warmup(box, "--seed-only", extra_env={"FAKE_VLLM_" + fault.upper().replace("-", "_"): value})
     assert r.returncode == 1
     errors = [l for l in r.stderr.splitlines() if l.startswith("turingbox: ")]
@@ -168,7 +168,7 @@ def test_a_failed_seed_leaves_the_entry_incomplete_and_says_why(box, fault, valu
 
 
 def test_a_seed_after_a_failed_one_resumes_and_completes_the_same_entry(box):
-    key = expected_plan(box)["cache_key"]
+    key = expected_plan(box).cache_key
     assert warmup(box, "--seed-only", extra_env={"FAKE_VLLM_FAIL_AT": "capturing"}).returncode == 1
     assert_incomplete(box, key)
     r = warmup(box, "--seed-only")
@@ -179,7 +179,7 @@ def test_a_seed_after_a_failed_one_resumes_and_completes_the_same_entry(box):
 
 
 def test_sigterm_during_a_seed_stops_the_engine_and_leaves_the_entry_incomplete(box):
-    key = expected_plan(box)["cache_key"]
+    key = expected_plan(box).cache_key
     proc = warmup(box, "--seed-only", extra_env={"FAKE_VLLM_STARTUP_SECONDS": "60"}, popen=True)
     try:
         deadline = time.monotonic() + 30
@@ -206,7 +206,7 @@ def test_a_seed_in_a_private_copy_removes_the_copy_when_it_exits(box):
     """Another process holds the entry: warmup seeds a private copy in TMPDIR, cannot publish it, says so,
     and leaves nothing behind in TMPDIR (a restarting job would otherwise pile copies up)."""
     import filelock
-    key = expected_plan(box)["cache_key"]
+    key = expected_plan(box).cache_key
     os.makedirs(os.path.join(box["root"], "locks"))
     with filelock.FileLock(os.path.join(box["root"], "locks", f"{key}.lock")):
         r = warmup(box, "--seed-only", extra_env={"TURINGBOX_CACHE_LOCK_WAIT": "0.2"})

@@ -183,6 +183,8 @@ def test_active_warmup_grammar_requests_are_time_bounded(openai_recorder, monkey
 
 
 def test_concurrencies_for_plan():
-    assert concurrencies_for_plan({"max_num_seqs": 16, "num_speculative_tokens": 3,
-                                   "cudagraph_capture_sizes": [1, 2, 4, 8, 16]}) == (1, 2, 3, 4, 16)
-    assert concurrencies_for_plan({}) == (1,)
+    from plan_factory import planned
+    assert concurrencies_for_plan(planned(max_num_seqs=16, num_speculative_tokens=3,
+                                          cudagraph_capture_sizes=(1, 2, 4, 8, 16))) == (1, 2, 3, 4, 16)
+    assert concurrencies_for_plan(planned(max_num_seqs=0, num_speculative_tokens=0, cudagraph_capture_sizes=(),
+                                          enforce_eager=True)) == (1,)

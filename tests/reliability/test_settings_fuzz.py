@@ -21,9 +21,7 @@ from sidecar_harness import H200, make_model_dir
 
 from turingbox import cli, settings as S
 from turingbox.errors import UsageError
-
-cli.build_parser()          # imports every command module: REGISTRY holds every setting
-from turingbox.plan.command import PLAN_SETTINGS  # noqa: E402
+from turingbox.settings import PLAN_SETTINGS      # the one table: REGISTRY holds every setting
 
 ALL = sorted(S.REGISTRY)
 PATHLIKE = {"model", "gpus_json", "runtime_dir", "models_dir", "plan_file", "cache_dir", "baked_cache_dir",

@@ -108,11 +108,11 @@ def test_worker_check():
 
 
 def test_vllm_argv_and_passthrough():
-    plan = {"vllm_args": ["serve", "/m", "--tensor-parallel-size", "2"]}
-    argv = vllm_argv(plan, 8100, ["--max-num-seqs", "4"], None, python="/py")
+    vllm_args = ("serve", "/m", "--tensor-parallel-size", "2")      # a Plan's vllm_args
+    argv = vllm_argv(vllm_args, 8100, ["--max-num-seqs", "4"], None, python="/py")
     assert argv == ["/py", "-m", "vllm.entrypoints.cli.main", "serve", "/m", "--tensor-parallel-size", "2",
                     "--host", "127.0.0.1", "--port", "8100", "--max-num-seqs", "4"]
-    argv = vllm_argv(plan, 1, [], "'/usr/bin/env' python3 fake.py")
+    argv = vllm_argv(vllm_args, 1, [], "'/usr/bin/env' python3 fake.py")
     assert argv[:3] == ["/usr/bin/env", "python3", "fake.py"] and argv[3] == "serve"
     for bad in (["--port", "1"], ["--host=0.0.0.0"], ["--uds", "/x"]):
         with pytest.raises(UsageError):
@@ -122,8 +122,6 @@ def test_vllm_argv_and_passthrough():
 
 
 def test_vllm_env_drops_raw_turingbox_variables_and_takes_the_plans():
-    import turingbox.plan.command  # noqa: F401  (declares the plan settings, as serve does)
-
     parent = {"PATH": "/bin", "HF_TOKEN": "hf", "VLLM_PLUGINS": "", "TURINGBOX_GDN": "auto",
               "TURINGBOX_STRICT_WARMUP": "0", "TURINGBOX_RUNTIME_DIR": "/raw", "TURINGBOX_API_KEY": "k",
               "TURINGBOX_GDN_LIB": "/opt/gdn.so"}

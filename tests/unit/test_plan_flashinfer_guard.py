@@ -63,8 +63,8 @@ def test_sm75_flashinfer_refused_for_broken_versions(awq_model, fixture, version
 @pytest.mark.parametrize("version", FINE)
 def test_sm75_flashinfer_planned_for_good_versions(awq_model, version):
     plan = make_plan(inv("2x2080ti-22g"), awq_model, {}, software(version))
-    assert plan["attention_backend"] == "FLASHINFER" and plan["compute_capability"] == "7.5"
-    assert plan["cache_inputs"]["software"]["flashinfer-python"] == version
+    assert plan.attention_backend == "FLASHINFER" and plan.compute_capability == "7.5"
+    assert plan.cache_inputs["software"]["flashinfer-python"] == version
 
 
 def test_explicit_flashinfer_override_is_refused_too(awq_model):
@@ -75,7 +75,7 @@ def test_explicit_flashinfer_override_is_refused_too(awq_model):
 def test_other_backend_on_sm75_is_not_affected(awq_model):
     plan = make_plan(inv("2x2080ti-22g"), awq_model, {"attention_backend": "TRITON_ATTN", "kv_cache_dtype": "fp8_e5m2"},
                      software("0.6.13"))
-    assert plan["attention_backend"] == "TRITON_ATTN"
+    assert plan.attention_backend == "TRITON_ATTN"
 
 
 def test_other_archs_with_flashinfer_are_not_affected(awq_model, tmp_path):
@@ -85,16 +85,16 @@ def test_other_archs_with_flashinfer_are_not_affected(awq_model, tmp_path):
     path = tmp_path / "3090.json"
     path.write_text(json.dumps(gpus))
     plan = make_plan(read_inventory(str(path), {}), awq_model, {}, software("0.6.13"))
-    assert plan["attention_backend"] == "FLASHINFER" and plan["compute_capability"] == "8.6"
+    assert plan.attention_backend == "FLASHINFER" and plan.compute_capability == "8.6"
     h200 = make_plan(inv("1xh200"), awq_model, {"attention_backend": "FLASHINFER", "dtype": "bfloat16"},
                      software("0.6.13"))
-    assert h200["attention_backend"] == "FLASHINFER"
+    assert h200.attention_backend == "FLASHINFER"
 
 
 def test_small_head_dim_is_not_affected(small_head_model):
     # head_dim 64: two CTAs per SM halve the per-block budget, so the padded struct stays far below 64 KiB.
     plan = make_plan(inv("2x2080ti-22g"), small_head_model, {}, software("0.6.13"))
-    assert plan["attention_backend"] == "FLASHINFER"
+    assert plan.attention_backend == "FLASHINFER"
 
 
 def test_guard_function_boundaries():
@@ -117,4 +117,4 @@ def test_turingbox_plan_demo_refusal_names_the_versions(monkeypatch, capsys):
     monkeypatch.setattr(plan_command, "_software", lambda: software("0.6.8.post1"))
     assert cli.main(["plan", "--gpus-json", str(FIXTURES / "4x2080ti-22g.json"), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert plan["attention_backend"] == "FLASHINFER" and copy.deepcopy(plan["cache_inputs"])
+    assert plan["attention_backend"] == "FLASHINFER" and copy.deepcopy(plan["cache_inputs"])   # the printed JSON

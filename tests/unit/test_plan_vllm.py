@@ -110,25 +110,25 @@ def test_every_fixture_plan_passes_vllm(vllm_cpu, plans):
     assert len(plans) >= 40
     dp_seen = 0
     for name, plan, model in plans:
-        vllm_cpu.update(cc=tuple(map(int, plan["compute_capability"].split("."))), name=plan["gpu_name"],
-                        total=int(plan["memory"]["gpu_total_gib"] * (1 << 30)))
-        argv = plan["vllm_args"]
+        vllm_cpu.update(cc=tuple(map(int, plan.compute_capability.split("."))), name=plan.gpu_name,
+                        total=int(plan.memory["gpu_total_gib"] * (1 << 30)))
+        argv = list(plan.vllm_args)
         assert argv[0] == "serve"
         parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
         ns = parser.parse_args(argv[2:] + ["--model", argv[1]])
         validate_parsed_serve_args(ns)
         ea = EngineArgs.from_cli_args(ns)
-        assert (ea.tensor_parallel_size, ea.data_parallel_size) == (plan["tensor_parallel_size"],
-                                                                   plan["data_parallel_size"]), name
+        assert (ea.tensor_parallel_size, ea.data_parallel_size) == (plan.tensor_parallel_size,
+                                                                   plan.data_parallel_size), name
         assert (ea.max_model_len, ea.max_num_seqs, ea.max_num_batched_tokens) == (
-            plan["max_model_len"], plan["max_num_seqs"], plan["max_num_batched_tokens"]), name
-        dp_seen += plan["data_parallel_size"] > 1
+            plan.max_model_len, plan.max_num_seqs, plan.max_num_batched_tokens), name
+        dp_seen += plan.data_parallel_size > 1
 
         # vLLM's KV pool arithmetic on the planned pool (per GPU).
-        tp, k, m = plan["tensor_parallel_size"], plan["num_speculative_tokens"], plan["memory"]
-        kv_dtype = {"fp8": torch.float8_e4m3fn, "auto": {"half": torch.float16}.get(plan["dtype"], torch.bfloat16)}[
-            plan["kv_cache_dtype"]]
-        act = torch.float16 if plan["dtype"] == "half" else torch.bfloat16
+        tp, k, m = plan.tensor_parallel_size, plan.num_speculative_tokens, plan.memory
+        kv_dtype = {"fp8": torch.float8_e4m3fn, "auto": {"half": torch.float16}.get(plan.dtype, torch.bfloat16)}[
+            plan.kv_cache_dtype]
+        act = torch.float16 if plan.dtype == "half" else torch.bfloat16
         kv_heads = max(1, model.num_key_value_heads // tp)
         attn1 = FullAttentionSpec(block_size=1, num_kv_heads=kv_heads, head_size=model.head_dim, dtype=kv_dtype)
         shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(
@@ -141,7 +141,7 @@ def test_every_fixture_plan_passes_vllm(vllm_cpu, plans):
         page = block * attn1.page_size_bytes
         attn = FullAttentionSpec(block_size=block, num_kv_heads=kv_heads, head_size=model.head_dim, dtype=kv_dtype)
         mamba = MambaSpec(shapes=shapes, dtypes=(act, torch.float32), block_size=block, page_size_padded=page,
-                          mamba_cache_mode="align" if plan["prefix_caching"] else "none", num_speculative_blocks=k)
+                          mamba_cache_mode="align" if plan.prefix_caching else "none", num_speculative_blocks=k)
         g = m["layers_per_pool_block"]
         n_attn = model.num_full_attention_layers + model.mtp_num_hidden_layers
         groups = [KVCacheGroupSpec([f"attn.{i}" for i in range(j, min(j + g, n_attn))], attn)
@@ -150,14 +150,14 @@ def test_every_fixture_plan_passes_vllm(vllm_cpu, plans):
         groups += [KVCacheGroupSpec([f"gdn.{i}" for i in range(j, min(j + g, n_gdn))], mamba)
                    for j in range(0, n_gdn, g)]
         cfg = types.SimpleNamespace(
-            model_config=types.SimpleNamespace(max_model_len=plan["max_model_len"]),
+            model_config=types.SimpleNamespace(max_model_len=plan.max_model_len),
             parallel_config=types.SimpleNamespace(decode_context_parallel_size=1, prefill_context_parallel_size=1),
             cache_config=types.SimpleNamespace(mamba_cache_mode=mamba.mamba_cache_mode, num_gpu_blocks_override=None))
         need = kvu._max_memory_usage_bytes_from_groups(cfg, groups)
         assert abs(need - m["kv_needed_gib"] * (1 << 30)) <= 0.0006 * (1 << 30), name
         # vLLM's start check: one max_model_len request must fit the pool (raises ValueError otherwise).
         usable = m["kv_cache_bytes"] - int(m["kv_safety_margin_gib"] * (1 << 30))
-        kvu._check_enough_kv_cache_memory(usable, lambda: need, plan["max_model_len"], lambda _: 0)
+        kvu._check_enough_kv_cache_memory(usable, lambda: need, plan.max_model_len, lambda _: 0)
         assert kvu.get_num_blocks(cfg, g, m["kv_cache_bytes"], page) == m["num_gpu_blocks"], name
     assert dp_seen, "no fixture plan exercised --data-parallel-size"
 

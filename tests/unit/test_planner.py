@@ -88,153 +88,153 @@ def _seed(p):
     # The seed: 4x 2080 Ti 22 GB, AWQ, full 262144 context. Per GPU ~22 GiB x 0.91 budget minus
     # ~4.6 GiB AWQ weights and ~2 GiB runtime leaves 10-16 GiB; one 262144-token sequence needs
     # 262144 x 17 layers x 512 B (fp8, 1 KV head per rank) = 2.1 GiB + GDN state.
-    assert p["tensor_parallel_size"] == 4 and p["num_speculative_tokens"] == 4
-    assert p["max_model_len"] == 262144
-    assert (p["dtype"], p["attention_backend"], p["kv_cache_dtype"]) == ("half", "FLASHINFER", "fp8")
-    assert 10 <= p["memory"]["kv_cache_gib"] <= 16
-    assert p["memory"]["kv_cache_tokens"] >= 262144 * p["max_num_seqs"]
-    assert p["max_num_seqs"] >= 2
-    assert p["excluded_gpus"] == []
-    a = p["vllm_args"]
+    assert p.tensor_parallel_size == 4 and p.num_speculative_tokens == 4
+    assert p.max_model_len == 262144
+    assert (p.dtype, p.attention_backend, p.kv_cache_dtype) == ("half", "FLASHINFER", "fp8")
+    assert 10 <= p.memory["kv_cache_gib"] <= 16
+    assert p.memory["kv_cache_tokens"] >= 262144 * p.max_num_seqs
+    assert p.max_num_seqs >= 2
+    assert p.excluded_gpus == ()
+    a = p.vllm_args
     assert has_pair(a, "--disable-custom-all-reduce") and has_pair(a, "--mamba-cache-mode", "align")
     assert has_pair(a, "--speculative-config", '{"method":"mtp","num_speculative_tokens":4}')
-    assert any(r.startswith("MTP=4: 4 sm_75 GPUs in TP") for r in p["reasons"])
+    assert any(r.startswith("MTP=4: 4 sm_75 GPUs in TP") for r in p.reasons)
 
 
 def _two(p):
-    assert p["tensor_parallel_size"] == 2 and p["num_speculative_tokens"] == 3
+    assert p.tensor_parallel_size == 2 and p.num_speculative_tokens == 3
     # Twice the weights per GPU of TP=4, so less KV than the seed but still one full context.
-    assert 4 <= p["memory"]["kv_cache_gib"] <= 12 and p["max_model_len"] == 262144
+    assert 4 <= p.memory["kv_cache_gib"] <= 12 and p.max_model_len == 262144
 
 
 def _three(p):
     # 3 does not split 4 KV heads (neither divides the other) nor 16 GDN key heads: TP=2, one left out.
-    assert p["tensor_parallel_size"] == 2
-    assert len(p["excluded_gpus"]) == 1 and "4 KV heads" in p["excluded_gpus"][0]["reason"]
-    assert p["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert p.tensor_parallel_size == 2
+    assert len(p.excluded_gpus) == 1 and "4 KV heads" in p.excluded_gpus[0]["reason"]
+    assert p.env["CUDA_VISIBLE_DEVICES"] == "0,1"
 
 
 def _eight(p):
     # 8 divides 24 heads and 16/48 GDN heads; 4 KV heads are replicated (1 per rank).
-    assert p["tensor_parallel_size"] == 8 and p["num_speculative_tokens"] == 4
-    assert p["memory"]["kv_bytes_per_token"] == 17 * 2 * 1 * 256 * 1      # 17 layers, K+V, 1 head, fp8
-    assert p["memory"]["block_size"] < 1024                                 # GDN state per rank is 1/8
+    assert p.tensor_parallel_size == 8 and p.num_speculative_tokens == 4
+    assert p.memory["kv_bytes_per_token"] == 17 * 2 * 1 * 256 * 1      # 17 layers, K+V, 1 head, fp8
+    assert p.memory["block_size"] < 1024                                 # GDN state per rank is 1/8
 
 
 def _six(p):
-    assert p["tensor_parallel_size"] == 4
-    assert sorted(e["index"] for e in p["excluded_gpus"]) == [4, 5]
-    assert all("TP=6 is illegal" in e["reason"] for e in p["excluded_gpus"])
+    assert p.tensor_parallel_size == 4
+    assert sorted(e["index"] for e in p.excluded_gpus) == [4, 5]
+    assert all("TP=6 is illegal" in e["reason"] for e in p.excluded_gpus)
 
 
 def _mixed_arch(p):
     # Three 2080 Ti (TP=2) beat one 3090 (TP=1); the 3090 is listed with the mixing reason.
-    assert p["gpu_name"] == "NVIDIA GeForce RTX 2080 Ti" and p["tensor_parallel_size"] == 2
-    by_index = {e["index"]: e["reason"] for e in p["excluded_gpus"]}
+    assert p.gpu_name == "NVIDIA GeForce RTX 2080 Ti" and p.tensor_parallel_size == 2
+    by_index = {e["index"]: e["reason"] for e in p.excluded_gpus}
     assert "never mixes architectures" in by_index[0] and "3090" in by_index[0]
     assert len(by_index) == 2
 
 
 def _mixed_mem(p):
-    assert p["tensor_parallel_size"] == 2 and p["memory"]["gpu_total_gib"] == 22.0
-    assert sorted(e["index"] for e in p["excluded_gpus"]) == [2, 3]
+    assert p.tensor_parallel_size == 2 and p.memory["gpu_total_gib"] == 22.0
+    assert sorted(e["index"] for e in p.excluded_gpus) == [2, 3]
 
 
 def _desktop(p, reference_util=0.9):
     # GPU 0 has a desktop on it: free memory decides, and 0.5 GiB more is kept back.
-    assert p["memory"]["outside_budget_mib"]["shared_gpu_headroom_mib"] == 512
-    assert p["gpu_memory_utilization"] < 0.9
-    assert p["tensor_parallel_size"] == 4
+    assert p.memory["outside_budget_mib"]["shared_gpu_headroom_mib"] == 512
+    assert p.gpu_memory_utilization < 0.9
+    assert p.tensor_parallel_size == 4
 
 
 def _h200(p):
     # bf16 27B on 140 GiB: ~51 GiB weights, ~80 GiB of KV; 262144 x 17 x 2048 B (fp8, 4 KV heads).
-    assert (p["tensor_parallel_size"], p["dtype"], p["attention_backend"]) == (1, "bfloat16", "FLASH_ATTN")
-    assert p["num_speculative_tokens"] == 3 and p["gdn_prefill_backend"] == "triton"
-    assert 45 <= p["memory"]["weights_gib"] <= 56
-    assert 70 <= p["memory"]["kv_cache_gib"] <= 90
-    assert p["memory"]["kv_bytes_per_token"] == 17 * 2 * 4 * 256
-    assert p["max_model_len"] == 262144 and p["max_num_seqs"] >= 4
-    assert "--disable-custom-all-reduce" not in p["vllm_args"]
+    assert (p.tensor_parallel_size, p.dtype, p.attention_backend) == (1, "bfloat16", "FLASH_ATTN")
+    assert p.num_speculative_tokens == 3 and p.gdn_prefill_backend == "triton"
+    assert 45 <= p.memory["weights_gib"] <= 56
+    assert 70 <= p.memory["kv_cache_gib"] <= 90
+    assert p.memory["kv_bytes_per_token"] == 17 * 2 * 4 * 256
+    assert p.max_model_len == 262144 and p.max_num_seqs >= 4
+    assert "--disable-custom-all-reduce" not in p.vllm_args
 
 
 def _h200_x2(p):
-    assert p["tensor_parallel_size"] == 2 and "--disable-custom-all-reduce" not in p["vllm_args"]
-    assert 20 <= p["memory"]["weights_gib"] <= 28
+    assert p.tensor_parallel_size == 2 and "--disable-custom-all-reduce" not in p.vllm_args
+    assert 20 <= p.memory["weights_gib"] <= 28
 
 
 def _tp_override(p):
-    assert p["tensor_parallel_size"] == 2 and len(p["excluded_gpus"]) == 2
-    assert any(r.startswith("TP=2: set by") for r in p["reasons"])
+    assert p.tensor_parallel_size == 2 and len(p.excluded_gpus) == 2
+    assert any(r.startswith("TP=2: set by") for r in p.reasons)
 
 
 def _mtp_zero(p):
-    assert p["num_speculative_tokens"] == 0
-    assert "--speculative-config" not in p["vllm_args"]
+    assert p.num_speculative_tokens == 0
+    assert "--speculative-config" not in p.vllm_args
     # Without spec tokens the conv state is 3 columns, not 7: a smaller state page, so smaller blocks.
-    assert p["memory"]["block_size"] < 1616
+    assert p.memory["block_size"] < 1616
 
 
 def _no_mtp_model(p):
-    assert p["num_speculative_tokens"] == 0 and "MTP=0: the model has no MTP head." in p["reasons"]
-    assert p["memory"]["kv_cache_groups"]["attention"] == 1
-    assert p["memory"]["layers_per_pool_block"] == 16                     # 16 attention, no MTP layer
+    assert p.num_speculative_tokens == 0 and "MTP=0: the model has no MTP head." in p.reasons
+    assert p.memory["kv_cache_groups"]["attention"] == 1
+    assert p.memory["layers_per_pool_block"] == 16                     # 16 attention, no MTP layer
 
 
 def _many_seqs_shrink(p):
     # 12 sequences cannot each reach 262144 tokens: the context shrinks and says so.
-    assert p["max_num_seqs"] == 12
-    assert 4096 <= p["max_model_len"] < 262144 and p["max_model_len"] % 256 == 0
-    assert any("shrunk" in r for r in p["reasons"])
-    assert p["memory"]["kv_needed_gib"] <= p["memory"]["kv_cache_gib"]
+    assert p.max_num_seqs == 12
+    assert 4096 <= p.max_model_len < 262144 and p.max_model_len % 256 == 0
+    assert any("shrunk" in r for r in p.reasons)
+    assert p.memory["kv_needed_gib"] <= p.memory["kv_cache_gib"]
 
 
 def _bf16_on_turing(p):
     # 13 GiB of bf16 weights per GPU leave less KV than AWQ's 4.6 GiB do.
-    assert p["tensor_parallel_size"] == 4 and p["quantization"] is None and p["dtype"] == "half"
-    assert 11 <= p["memory"]["weights_gib"] <= 15
-    assert p["memory"]["kv_cache_gib"] < 9
+    assert p.tensor_parallel_size == 4 and p.quantization is None and p.dtype == "half"
+    assert 11 <= p.memory["weights_gib"] <= 15
+    assert p.memory["kv_cache_gib"] < 9
 
 
 def _subset_visible(p):
-    assert p["tensor_parallel_size"] == 2 and p["env"]["CUDA_VISIBLE_DEVICES"] == "1,3"
-    hidden = {e["index"]: e["reason"] for e in p["excluded_gpus"]}
+    assert p.tensor_parallel_size == 2 and p.env["CUDA_VISIBLE_DEVICES"] == "1,3"
+    hidden = {e["index"]: e["reason"] for e in p.excluded_gpus}
     assert hidden == {0: "not in CUDA_VISIBLE_DEVICES", 2: "not in CUDA_VISIBLE_DEVICES"}
 
 
 def _uuid_visible(p):
     u = uuids("4x2080ti-22g")
-    assert p["gpus"] == [u[2], u[3]] and p["env"]["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert p.gpus == (u[2], u[3]) and p.env["CUDA_VISIBLE_DEVICES"] == "2,3"
 
 
 def _eager(p):
-    assert p["enforce_eager"] and p["cudagraph_capture_sizes"] == [] and p["memory"]["cudagraph_gib"] == 0
-    assert "--enforce-eager" in p["vllm_args"] and "--compilation-config" not in p["vllm_args"]
+    assert p.enforce_eager and p.cudagraph_capture_sizes == () and p.memory["cudagraph_gib"] == 0
+    assert "--enforce-eager" in p.vllm_args and "--compilation-config" not in p.vllm_args
 
 
 def _util_override(p):
-    assert p["gpu_memory_utilization"] == 0.8
-    assert abs(p["memory"]["requested_gib"] - 0.8 * 22.0) < 0.01
+    assert p.gpu_memory_utilization == 0.8
+    assert abs(p.memory["requested_gib"] - 0.8 * 22.0) < 0.01
 
 
 def _demo(p):
-    assert p["demo"] and has_pair(p["vllm_args"], "--load-format", "dummy")
-    assert has_pair(p["vllm_args"], "--limit-mm-per-prompt", '{"image":0,"video":0}')
-    assert p["memory"]["weights_breakdown_gib"]["vision"] == 0          # text-only: no vision tower
+    assert p.demo and has_pair(p.vllm_args, "--load-format", "dummy")
+    assert has_pair(p.vllm_args, "--limit-mm-per-prompt", '{"image":0,"video":0}')
+    assert p.memory["weights_breakdown_gib"]["vision"] == 0          # text-only: no vision tower
 
 
 def _no_prefix(p):
-    assert not p["prefix_caching"] and "--mamba-cache-mode" not in p["vllm_args"]
-    assert "--no-enable-prefix-caching" in p["vllm_args"]
+    assert not p.prefix_caching and "--mamba-cache-mode" not in p.vllm_args
+    assert "--no-enable-prefix-caching" in p.vllm_args
 
 
 def _kv_auto(p):
     # A 16-bit KV cache doubles bytes per token.
-    assert p["kv_cache_dtype"] == "auto" and p["memory"]["kv_bytes_per_token"] == 17 * 2 * 4 * 256 * 2
+    assert p.kv_cache_dtype == "auto" and p.memory["kv_bytes_per_token"] == 17 * 2 * 4 * 256 * 2
 
 
 def _context_request(p):
-    assert p["max_model_len"] == 32768 and p["max_num_seqs"] == 8       # sm_75 default cap fits at 32k
+    assert p.max_model_len == 32768 and p.max_num_seqs == 8       # sm_75 default cap fits at 32k
 
 
 # The seed README's commands (2 and 4 cards): the user asked for 262144 tokens and 4 sequences.
@@ -242,68 +242,68 @@ SEED_COMMAND = {"max_num_seqs": 4, "max_num_batched_tokens": 8192, "max_model_le
 
 
 def _seed_readme_4(p):
-    assert (p["tensor_parallel_size"], p["num_speculative_tokens"]) == (4, 4)
-    assert (p["max_model_len"], p["max_num_seqs"], p["max_num_batched_tokens"]) == (262144, 4, 8192)
-    assert p["mtp_refused_parameters"] == ["min_p", "logit_bias"]
-    assert any(r.startswith("max_model_len=262144: requested; one sequence") for r in p["reasons"])
+    assert (p.tensor_parallel_size, p.num_speculative_tokens) == (4, 4)
+    assert (p.max_model_len, p.max_num_seqs, p.max_num_batched_tokens) == (262144, 4, 8192)
+    assert p.mtp_refused_parameters == ("min_p", "logit_bias")
+    assert any(r.startswith("max_model_len=262144: requested; one sequence") for r in p.reasons)
 
 
 def _seed_readme_2(p):
     # The issue's case: the pool holds ~2 full contexts, not 4; vLLM starts because ONE fits.
-    assert (p["tensor_parallel_size"], p["max_model_len"], p["max_num_seqs"]) == (2, 262144, 4)
-    m = p["memory"]
+    assert (p.tensor_parallel_size, p.max_model_len, p.max_num_seqs) == (2, 262144, 4)
+    m = p.memory
     assert m["kv_needed_gib"] <= m["kv_cache_gib"] - m["kv_safety_margin_gib"]
     assert m["kv_all_seqs_at_max_len_gib"] > m["kv_cache_gib"]          # not all 4 at full length at once
     assert 262144 <= m["kv_cache_tokens"] < 4 * 262144
-    r = next(r for r in p["reasons"] if r.startswith("max_model_len=262144"))
+    r = next(r for r in p.reasons if r.startswith("max_model_len=262144"))
     assert "full-length sequence" in r and "share the pool" in r
 
 
 def _many_seqs_share(p):
     # 256 sequences: the automatic context is conservative but stops at the 4096-token floor while
     # one 4096-token sequence fits; the rest share the pool.
-    assert p["max_num_seqs"] == 256 and p["max_model_len"] == 4096
-    assert any("share the pool" in r for r in p["reasons"])
+    assert p.max_num_seqs == 256 and p.max_model_len == 4096
+    assert any("share the pool" in r for r in p.reasons)
 
 
 def _explicit_shrink(p):
     # 70 % of each card: one 262144-token sequence no longer fits, so (and only so) the context shrinks.
-    assert p["max_model_len"] < 262144 and p["max_model_len"] % 256 == 0
-    r = next(r for r in p["reasons"] if r.startswith(f"max_model_len={p['max_model_len']} (shrunk by"))
-    assert f"shrunk by {262144 - p['max_model_len']} tokens" in r and "GiB more than" in r
+    assert p.max_model_len < 262144 and p.max_model_len % 256 == 0
+    r = next(r for r in p.reasons if r.startswith(f"max_model_len={p.max_model_len} (shrunk by"))
+    assert f"shrunk by {262144 - p.max_model_len} tokens" in r and "GiB more than" in r
 
 
 def _latency_default(p):
-    assert (p["tensor_parallel_size"], p["data_parallel_size"], p["num_speculative_tokens"]) == (4, 1, 4)
-    assert p["objective"] == "latency" and "--data-parallel-size" not in p["vllm_args"]
-    assert any(r.startswith("DP=1: TURINGBOX_OBJECTIVE=latency") and "2 replicas of TP=2" in r for r in p["reasons"])
+    assert (p.tensor_parallel_size, p.data_parallel_size, p.num_speculative_tokens) == (4, 1, 4)
+    assert p.objective == "latency" and "--data-parallel-size" not in p.vllm_args
+    assert any(r.startswith("DP=1: TURINGBOX_OBJECTIVE=latency") and "2 replicas of TP=2" in r for r in p.reasons)
 
 
 def _throughput_strict(p):
-    assert (p["tensor_parallel_size"], p["data_parallel_size"]) == (4, 1)
-    assert any("TURINGBOX_STRICT_WARMUP=0" in r for r in p["reasons"])
+    assert (p.tensor_parallel_size, p.data_parallel_size) == (4, 1)
+    assert any("TURINGBOX_STRICT_WARMUP=0" in r for r in p.reasons)
 
 
 def _throughput_dp(p):
-    assert (p["tensor_parallel_size"], p["data_parallel_size"], p["num_speculative_tokens"]) == (2, 2, 3)
-    assert has_pair(p["vllm_args"], "--data-parallel-size", "2") and p["max_model_len"] == 262144
-    assert p["gpus"] == uuids("4x2080ti-22g") and p["excluded_gpus"] == []
-    assert any(r.startswith("DP=2:") for r in p["reasons"])
+    assert (p.tensor_parallel_size, p.data_parallel_size, p.num_speculative_tokens) == (2, 2, 3)
+    assert has_pair(p.vllm_args, "--data-parallel-size", "2") and p.max_model_len == 262144
+    assert list(p.gpus) == uuids("4x2080ti-22g") and p.excluded_gpus == ()
+    assert any(r.startswith("DP=2:") for r in p.reasons)
 
 
 def _h100_dp8(p):
-    assert (p["tensor_parallel_size"], p["data_parallel_size"]) == (1, 8)
-    assert has_pair(p["vllm_args"], "--data-parallel-size", "8") and p["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
-    assert not any("measured on an H200" in r for r in p["reasons"])
+    assert (p.tensor_parallel_size, p.data_parallel_size) == (1, 8)
+    assert has_pair(p.vllm_args, "--data-parallel-size", "8") and p.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    assert not any("measured on an H200" in r for r in p.reasons)
 
 
 def _h100_latency(p):
-    assert (p["tensor_parallel_size"], p["data_parallel_size"]) == (8, 1)
-    assert any("TURINGBOX_OBJECTIVE=throughput would run 8 replicas of TP=1" in r for r in p["reasons"])
+    assert (p.tensor_parallel_size, p.data_parallel_size) == (8, 1)
+    assert any("TURINGBOX_OBJECTIVE=throughput would run 8 replicas of TP=1" in r for r in p.reasons)
 
 
 def _throughput_set_tp(p):
-    assert (p["tensor_parallel_size"], p["data_parallel_size"]) == (2, 2) and p["excluded_gpus"] == []
+    assert (p.tensor_parallel_size, p.data_parallel_size) == (2, 2) and p.excluded_gpus == ()
 
 
 CASES = [
@@ -337,7 +337,7 @@ CASES = [
     ("explicit-len-shrinks-only-when-one-cannot-fit", "2x2080ti-22g", "awq",
      {"max_model_len": 262144, "gpu_memory_utilization": 0.7}, None, _explicit_shrink),
     ("len-at-the-request-bound", "4x2080ti-22g", "awq", {"max_model_len": 256, "mtp": 0}, None,
-     lambda p: p["max_model_len"] == 256 or pytest.fail("256 tokens is one chat turn without MTP")),
+     lambda p: p.max_model_len == 256 or pytest.fail("256 tokens is one chat turn without MTP")),
     ("latency-default-keeps-tp4", "4x2080ti-22g", "awq", {}, None, _latency_default),
     ("throughput-waits-for-strict-warmup", "4x2080ti-22g", "awq", {"objective": "throughput"}, None,
      _throughput_strict),
@@ -396,25 +396,25 @@ def test_plan_table(models, case):
     plan = plan_for(models, inventory, model, env, **settings)
     check(plan)
     # Invariants of every plan.
-    m = plan["memory"]
+    m = plan.memory
     assert m["kv_needed_gib"] <= m["kv_cache_gib"] - m["kv_safety_margin_gib"] + 0.001
-    assert plan["reasons"] and all(r.strip().endswith(".") for r in plan["reasons"])
-    assert plan["vllm_args"][:2] == ["serve", plan["model"]]
-    assert has_pair(plan["vllm_args"], "--tensor-parallel-size", str(plan["tensor_parallel_size"]))
-    assert has_pair(plan["vllm_args"], "--max-model-len", str(plan["max_model_len"]))
-    assert has_pair(plan["vllm_args"], "--worker-cls", "turingbox_plugin.worker.TuringboxWorker")
-    extra = json.loads(plan["vllm_args"][plan["vllm_args"].index("--additional-config") + 1])
-    assert extra["turingbox"] == plan["plugin"]
-    ranks = plan["tensor_parallel_size"] * plan["data_parallel_size"]
-    assert len(plan["gpus"]) == ranks and len(plan["env"]["CUDA_VISIBLE_DEVICES"].split(",")) == ranks
-    assert plan["mtp_refused_parameters"] == (["min_p", "logit_bias"] if plan["num_speculative_tokens"] else [])
-    assert (plan["data_parallel_size"] > 1) == ("--data-parallel-size" in plan["vllm_args"])
-    mtp_cost = [r for r in plan["reasons"] if r.startswith("MTP cost:")]
-    assert bool(mtp_cost) == bool(plan["num_speculative_tokens"])
+    assert plan.reasons and all(r.strip().endswith(".") for r in plan.reasons)
+    assert plan.vllm_args[:2] == ("serve", plan.model)
+    assert has_pair(plan.vllm_args, "--tensor-parallel-size", str(plan.tensor_parallel_size))
+    assert has_pair(plan.vllm_args, "--max-model-len", str(plan.max_model_len))
+    assert has_pair(plan.vllm_args, "--worker-cls", "turingbox_plugin.worker.TuringboxWorker")
+    extra = json.loads(plan.vllm_args[plan.vllm_args.index("--additional-config") + 1])
+    assert extra["turingbox"] == plan.plugin.to_dict()
+    ranks = plan.tensor_parallel_size * plan.data_parallel_size
+    assert len(plan.gpus) == ranks and len(plan.env["CUDA_VISIBLE_DEVICES"].split(",")) == ranks
+    assert plan.mtp_refused_parameters == (("min_p", "logit_bias") if plan.num_speculative_tokens else ())
+    assert (plan.data_parallel_size > 1) == ("--data-parallel-size" in plan.vllm_args)
+    mtp_cost = [r for r in plan.reasons if r.startswith("MTP cost:")]
+    assert bool(mtp_cost) == bool(plan.num_speculative_tokens)
     assert all("min_p" in r and "logit_bias" in r and "TURINGBOX_MTP=0" in r for r in mtp_cost)
     # vLLM's start condition holds for every plan: one max_model_len sequence fits the planned pool.
-    assert m["kv_cache_tokens"] >= plan["max_model_len"]
-    assert plan["max_num_batched_tokens"] >= m["block_size"]            # align mode schedules whole blocks
+    assert m["kv_cache_tokens"] >= plan.max_model_len
+    assert plan.max_num_batched_tokens >= m["block_size"]            # align mode schedules whole blocks
 
 
 @pytest.mark.parametrize("case", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
@@ -499,12 +499,12 @@ def test_cache_key_is_stable_and_tracks_kernel_inputs(models):
     a = plan_for(models, "4x2080ti-22g", "awq")
     b = plan_for(models, "4x2080ti-22g", "awq")
     c = plan_for(models, "4x2080ti-22g", "awq", tensor_parallel_size=2)
-    assert a["cache_key"] == b["cache_key"] != c["cache_key"]
-    assert a["cache_inputs"]["plan"]["tensor_parallel_size"] == 4
-    assert a["cache_inputs"]["software"]["vllm"] == "0.21.0"
+    assert a.cache_key == b.cache_key != c.cache_key
+    assert a.cache_inputs["plan"]["tensor_parallel_size"] == 4
+    assert a.cache_inputs["software"]["vllm"] == "0.21.0"
     d = make_plan(read_inventory(fixture("4x2080ti-22g"), {}), models["awq"], {},
                   dict(SOFTWARE, vllm="0.21.1"))
-    assert d["cache_key"] != a["cache_key"]
+    assert d.cache_key != a.cache_key
 
 
 def test_free_memory_drives_gpu_choice(models):
@@ -514,8 +514,8 @@ def test_free_memory_drives_gpu_choice(models):
     from turingbox.gpus.inventory import gpu_from_dict
     gpus = [gpu_from_dict(g, "test") for g in inv]
     plan = make_plan(gpus, models["awq"], {}, SOFTWARE)
-    assert plan["gpus"] == [inv[1]["uuid"], inv[2]["uuid"]]
-    assert plan["excluded_gpus"][0]["index"] == 0
+    assert plan.gpus == (inv[1]["uuid"], inv[2]["uuid"])
+    assert plan.excluded_gpus[0]["index"] == 0
 
 
 @pytest.mark.parametrize("name,cc", [("NVIDIA A10G", "8.6"), ("NVIDIA L4", "8.9"), ("NVIDIA H100 80GB HBM3", "9.0"),
@@ -541,12 +541,12 @@ def test_explicit_len_is_kept_exactly_when_one_sequence_fits(models):
             p = make_plan(inv, models["awq"], dict(SEED_COMMAND, gpu_memory_utilization=util), SOFTWARE)
         except PlanError:
             continue
-        m = p["memory"]
-        layout = mem.kv_layout(models["awq"], 2, p["num_speculative_tokens"], "fp8", "half", True)
+        m = p.memory
+        layout = mem.kv_layout(models["awq"], 2, p.num_speculative_tokens, "fp8", "half", True)
         usable = m["kv_cache_bytes"] - int(m["kv_safety_margin_gib"] * GIB)
         fits = layout.bytes_for(262144, 1) <= usable + GIB // 1000
-        assert (p["max_model_len"] == 262144) == fits, (util, p["max_model_len"])
+        assert (p.max_model_len == 262144) == fits, (util, p.max_model_len)
 
 
 def test_demo_fallback_field_defaults_to_none(models):
-    assert plan_for(models, "4x2080ti-22g", "awq")["demo_fallback"] is None
+    assert plan_for(models, "4x2080ti-22g", "awq").demo_fallback is None

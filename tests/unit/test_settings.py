@@ -76,3 +76,36 @@ def test_flag_beats_env():
 def test_bad_flag_names_the_flag():
     with pytest.raises(UsageError, match="--max-num-seqs"):
         parse(["--max-num-seqs", "0"])
+
+
+def test_one_table_in_order_and_complete_without_feature_imports():
+    """REGISTRY is the table (no module has to be imported first); each command's names are its groups."""
+    assert list(S.REGISTRY) == [s.name for s in S.SETTINGS]
+    groups = S.PLAN_SETTINGS + S.SERVE_SETTINGS + S.CACHE_SETTINGS + S.WARMUP_SETTINGS
+    assert sorted(groups) == sorted(S.REGISTRY)
+    assert S.PLAN_SETTINGS == S.PLANNER_SETTINGS + S.DEMO_SETTINGS
+
+
+def test_defaults_are_written_once():
+    """planner.DEFAULTS and ServeOptions' defaults are the table's."""
+    import dataclasses
+
+    from turingbox.plan import planner
+    from turingbox.serve.options import ServeOptions
+    assert planner.DEFAULTS == {n: S.REGISTRY[n].default for n in S.PLANNER_SETTINGS}
+    fields = {f.name: f.default for f in dataclasses.fields(ServeOptions)}
+    assert fields == {n: S.REGISTRY[n].default for n in S.SERVE_SETTINGS}
+
+
+def test_vocabulary_lives_below_the_planner():
+    from turingbox.plan import arch
+    assert (arch.MTP_MAX, arch.BACKENDS, arch.KV_DTYPES) == (S.MTP_MAX, S.BACKENDS, S.KV_DTYPES)
+
+
+def test_explicit_and_env_state():
+    args = argparse.Namespace(demo_awq="1")
+    assert S.explicit("demo_awq", args, {}) and not S.explicit("demo_layers", args, {})
+    assert S.explicit("demo_layers", None, {"TURINGBOX_DEMO_LAYERS": "8"})
+    assert not S.explicit("demo_layers", None, {"TURINGBOX_DEMO_LAYERS": ""})
+    assert [S.env_state("api_key", e) for e in ({"TURINGBOX_API_KEY": "k"}, {"TURINGBOX_API_KEY": ""}, {})] \
+        == ["set", "empty", "unset"]

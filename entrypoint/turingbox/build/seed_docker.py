@@ -126,6 +126,7 @@ def run(client, image: str, volume: str, environ: Mapping[str, str], extra_args:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make warmup-cache", description=__doc__.splitlines()[0])
     p.add_argument("--image", required=True, help="the appliance image (turingbox:VERSION)")
+    # environ: host tool: the Docker volume name (documented in test_settings_names), not a setting
     p.add_argument("--volume", default=os.environ.get("TURINGBOX_CACHE_VOLUME", DEFAULT_VOLUME),
                    help=f"named cache volume (default {DEFAULT_VOLUME}, env TURINGBOX_CACHE_VOLUME)")
     p.add_argument("extra", nargs="*", help="extra arguments for `turingbox warmup --seed-only`")
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         print(f"warmup-cache: image {a.image} is not present here; build it with `make image`.", file=sys.stderr)
         return 2
+    # environ: host tool: the host's TURINGBOX_* go raw into the warmup container, which resolves them
     return run(client, a.image, a.volume, os.environ, a.extra)
 
 

@@ -55,35 +55,8 @@ MIN_FREE_BYTES = 1 << 30
 # entry_problems' verdict on an interrupted seed: a normal miss, not corruption (verify and bake tell them apart).
 INCOMPLETE = "entry is incomplete (its manifest was never completed)"
 
-CACHE_DIR = settings.declare(settings.Setting(
-    name="cache_dir",
-    help="cache root holding one compile-cache entry per plan fingerprint (a volume in compose/Kubernetes)",
-    default=os.path.join(os.path.expanduser("~"), ".cache", "turingbox"),
-))
-BAKED_CACHE_DIR = settings.declare(settings.Setting(
-    name="baked_cache_dir",
-    help="read-only cache root baked into the image, consulted before the cache volume",
-    default=None,
-))
-CACHE_LOCK_WAIT = settings.declare(settings.Setting(
-    name="cache_lock_wait",
-    help="seconds to wait for another process's writer lock on the same entry before using a private copy",
-    parse=settings.positive_float,
-    default=20.0,
-))
-AOT_TRITON_DIR = settings.declare(settings.Setting(
-    name="aot_triton_dir",
-    help="Triton cache compiled ahead of time at image build (python -m turingbox.build.aot), copied into "
-         "the triton/ folder of every new cache entry",
-    default=None,
-))
-AOT_FLASHINFER_DIR = settings.declare(settings.Setting(
-    name="aot_flashinfer_dir",
-    help="FlashInfer modules built ahead of time at image build (python -m turingbox.build.flashinfer_aot), "
-         "copied into the flashinfer/ folder of every new cache entry",
-    default=None,
-))
-CACHE_SETTINGS = ("cache_dir", "baked_cache_dir", "cache_lock_wait", "aot_triton_dir", "aot_flashinfer_dir")
+# cache_dir, baked_cache_dir, cache_lock_wait, aot_triton_dir, aot_flashinfer_dir: declared in turingbox.settings
+CACHE_SETTINGS = settings.CACHE_SETTINGS
 
 
 def utc_now() -> str:
@@ -516,17 +489,22 @@ def _private_copy(key: str, sources: list[str | None], inputs: Mapping[str, Any]
         raise
 
 
-def plan_fingerprint(plan: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    inputs = plan.get("cache_inputs")
+def plan_fingerprint(plan: Any) -> tuple[str, dict[str, Any]]:
+    """(key, inputs) of a plan: a turingbox.plan.types.Plan (its cache_inputs/cache_key attributes; the cache
+    layer sits below the planner, so it does not import the type) or a plan's JSON object."""
+    if isinstance(plan, Mapping):
+        inputs, stated = plan.get("cache_inputs"), plan.get("cache_key")
+    else:
+        inputs, stated = getattr(plan, "cache_inputs", None), getattr(plan, "cache_key", None)
     if not isinstance(inputs, dict):
         raise UsageError("The plan has no cache_inputs, so no cache entry can be chosen for it.")
     key = fingerprint.cache_key(inputs)
-    if plan.get("cache_key") not in (None, key):
-        log.warning("plan cache_key %s does not match its cache_inputs (%s); using %s", plan.get("cache_key"), key, key)
+    if stated not in (None, key):
+        log.warning("plan cache_key %s does not match its cache_inputs (%s); using %s", stated, key, key)
     return key, inputs
 
 
-def prepare_cache(plan: Mapping[str, Any], cache_root: str | None = None, *, baked_root: str | None = None,
+def prepare_cache(plan: Any, cache_root: str | None = None, *, baked_root: str | None = None,
                   lock_wait_s: float | None = None, min_free_bytes: int = MIN_FREE_BYTES,
                   environ: Mapping[str, str] | None = None) -> CacheSession:
     """Choose (and if needed repair or create) the cache entry for `plan`; see the module doc.
@@ -535,7 +513,7 @@ def prepare_cache(plan: Mapping[str, Any], cache_root: str | None = None, *, bak
     cache_lock_wait resolved from the environment.
     """
     key, inputs = plan_fingerprint(plan)
-    resolved = settings.resolve(CACHE_SETTINGS, None, os.environ if environ is None else environ)
+    resolved = settings.resolve(CACHE_SETTINGS, None, environ)
     root = os.path.abspath(cache_root or resolved["cache_dir"])
     baked = baked_root if baked_root is not None else resolved["baked_cache_dir"]
     wait = resolved["cache_lock_wait"] if lock_wait_s is None else lock_wait_s

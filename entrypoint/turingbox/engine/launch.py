@@ -14,7 +14,7 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import httpx
 
@@ -31,17 +31,23 @@ MASK = "***"
 # appliance (the plugin's own TURINGBOX_GDN_LIB, TURINGBOX_PRUNE_AUTOTUNE) pass through unchanged.
 
 
+def parent_env() -> Mapping[str, str]:
+    """The environment vLLM inherits: this process's own. The one place the appliance reads the ambient
+    environment for the engine (serve and warmup build vLLM's environment from it with vllm_env)."""
+    return os.environ
+
+
 def own_variables(parent: Mapping[str, str]) -> list[str]:
     """The variables of `parent` that name one of the appliance's declared settings."""
     names = {s.env_name for s in settings.REGISTRY.values()}
     return sorted(k for k in parent if k in names)
 
 
-def vllm_argv(plan: dict, upstream_port: int, passthrough: list[str], vllm_command: str | None,
+def vllm_argv(vllm_args: Sequence[str], upstream_port: int, passthrough: list[str], vllm_command: str | None,
               python: str = sys.executable) -> list[str]:
-    """The full command line for vLLM: program, the plan's args, loopback host/port, then `--` args."""
+    """The full command line for vLLM: program, the plan's vllm_args, loopback host/port, then `--` args."""
     program = shlex.split(vllm_command) if vllm_command else [python, *VLLM_MODULE]
-    return [*program, *plan["vllm_args"], "--host", "127.0.0.1", "--port", str(upstream_port), *passthrough]
+    return [*program, *vllm_args, "--host", "127.0.0.1", "--port", str(upstream_port), *passthrough]
 
 
 PLUGIN_FLAGS = ("--worker-cls", "--additional-config")   # what turingbox adds to vLLM's argv for the plugin

@@ -17,7 +17,8 @@ from typing import Any
 
 from turingbox.errors import UsageError
 from turingbox.model import tokenizer as demo_tokenizer
-from turingbox.settings import Setting, boolean, declare
+from turingbox.settings import DEMO_SETTINGS, FULL_ATTENTION_INTERVAL  # noqa: F401  (re-exported)
+from turingbox.settings import demo_layers as _demo_layers
 
 DEMO_SOURCE = "qwen3.6-27b"
 DEMO_DIR_NAME = "turingbox-demo-qwen3.6-27b"
@@ -25,7 +26,6 @@ DEMO_MARKER = "turingbox_demo"            # same key as turingbox_plugin.model_c
 DEMO_FORMAT_KEY = "turingbox_demo_format"
 # Bump when the written files change shape, so existing demo dirs are rebuilt.
 DEMO_FORMAT_VERSION = 1
-FULL_ATTENTION_INTERVAL = 4               # every 4th layer of Qwen3.5/3.6 is full attention
 TRANSFORMERS_FORMAT_VERSION = "5.0.0"     # the files follow transformers 5 (readable by 4.x too)
 
 AWQ_QUANTIZATION_CONFIG = {
@@ -43,45 +43,7 @@ AWQ_QUANTIZATION_CONFIG = {
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
 DEMO_FILES = demo_tokenizer.TOKENIZER_FILES + PROCESSOR_FILES + ("generation_config.json", "config.json")
 
-
-def _models_dir(text: str) -> str:
-    text = str(text).strip()
-    if not text:
-        raise ValueError("must be a directory path")
-    return os.path.abspath(os.path.expanduser(text))
-
-
-def _demo_layers(text: str) -> int:
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise ValueError(f"must be a positive multiple of {FULL_ATTENTION_INTERVAL}") from None
-    if value <= 0 or value % FULL_ATTENTION_INTERVAL:
-        raise ValueError(f"must be a positive multiple of {FULL_ATTENTION_INTERVAL} "
-                         f"(every {FULL_ATTENTION_INTERVAL}th layer is full attention)")
-    return value
-
-
-declare(Setting(
-    name="models_dir",
-    help="directory where models (the demo model included) are kept",
-    parse=_models_dir,
-    default=os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "models"),
-))
-declare(Setting(
-    name="demo_layers",
-    help="demo model: number of layers (a positive multiple of 4; default: all 64 of Qwen3.6-27B)",
-    parse=_demo_layers,
-    default=None,
-))
-declare(Setting(
-    name="demo_awq",
-    help="demo model: add the AWQ INT4 quantization config of the seed",
-    parse=boolean,
-    default=False,
-))
-
-DEMO_SETTINGS = ("models_dir", "demo_layers", "demo_awq")
+# models_dir / demo_layers / demo_awq are declared in turingbox.settings (DEMO_SETTINGS).
 
 
 def default_demo_dir(models_dir: str) -> str:

@@ -19,12 +19,9 @@ from dataclasses import dataclass, field
 
 from turingbox.errors import UsageError
 from turingbox.gpus.inventory import Gpu
+from turingbox.settings import BACKENDS, KV_DTYPES, MTP_MAX  # noqa: F401  (the settings' vocabulary, re-exported)
 
 MIN_SM = 75
-MTP_MAX = 8          # vLLM accepts more, but acceptance of deeper drafts collapses; refuse silly values
-
-BACKENDS = ("FLASHINFER", "FLASH_ATTN", "TRITON_ATTN")
-KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
 DTYPES = ("half", "bfloat16")
 
 

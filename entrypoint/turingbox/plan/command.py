@@ -10,12 +10,14 @@ import json
 import os
 import shlex
 import sys
-from typing import Any, Mapping
+from dataclasses import replace
+from typing import Mapping
 
 from turingbox import settings as S
 from turingbox.errors import PlanError, UsageError
+from turingbox.plan.types import Plan
 
-from turingbox.plan.settings import PLAN_SETTINGS  # noqa: E402  (re-exported: serve, doctor, tests)
+from turingbox.settings import PLAN_SETTINGS  # noqa: E402  (re-exported: serve, doctor, tests)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     plan = plan_from_args(args, write_demo=False)     # `plan` only reports: it writes no model dirs
     if getattr(args, "json", False):
-        sys.stdout.write(json.dumps(plan, indent=2) + "\n")
+        sys.stdout.write(json.dumps(plan.to_dict(), indent=2) + "\n")
     else:
         sys.stdout.write(format_table(plan))
     return 0
@@ -44,9 +46,8 @@ def _software() -> dict[str, str]:
     return software_versions()
 
 
-def _explicit(name: str, args: argparse.Namespace | None, env: Mapping[str, str]) -> bool:
-    s = S.REGISTRY[name]
-    return (args is not None and getattr(args, name, None) is not None) or env.get(s.env_name, "") != ""
+def _explicit(name: str, args: argparse.Namespace | None, env: Mapping[str, str] | None) -> bool:
+    return S.explicit(name, args, env)
 
 
 def _load_model(path: str):
@@ -65,7 +66,7 @@ def _load_model(path: str):
 
 
 def plan_from_args(args: argparse.Namespace | None, env: Mapping[str, str] | None = None,
-                   write_demo: bool = True) -> dict[str, Any]:
+                   write_demo: bool = True) -> Plan:
     """Resolve the plan settings once, read the GPUs and the model (or the demo model), plan.
 
     write_demo: build the chosen demo model directory (serve and warmup need it on disk); `turingbox
@@ -74,8 +75,7 @@ def plan_from_args(args: argparse.Namespace | None, env: Mapping[str, str] | Non
     from turingbox.gpus.inventory import read_inventory
     from turingbox.plan.planner import make_plan
 
-    env = os.environ if env is None else env
-    values = S.resolve(PLAN_SETTINGS, args, env)
+    values = S.resolve(PLAN_SETTINGS, args, env)      # env None: the process environment (settings reads it)
     inventory = read_inventory(values["gpus_json"], env)
     software = _software()
     if values["model"]:
@@ -91,8 +91,8 @@ def _demo_dir(models_dir: str, awq: bool, layers: int | None) -> str:
     return os.path.join(models_dir, demo.DEMO_DIR_NAME + suffix)
 
 
-def _plan_demo(inventory, values: dict, args, env: Mapping[str, str], software: dict,
-               write_demo: bool = True) -> dict[str, Any]:
+def _plan_demo(inventory, values: dict, args, env: Mapping[str, str] | None, software: dict,
+               write_demo: bool = True) -> Plan:
     """No model configured: the demo model, in the first variant that fits these GPUs."""
     import hashlib
 
@@ -138,12 +138,11 @@ def _plan_demo(inventory, values: dict, args, env: Mapping[str, str], software: 
                 f"configured; {why}."]
         if first is not None:
             # A smaller stand-in, not the model the user gets by default: say so first.
-            plan["demo_fallback"] = {"wanted": first[0], "used": describe(awq, cfg),
-                                     "why": str(first[1]).rstrip(".")}
+            plan = replace(plan, demo_fallback={"wanted": first[0], "used": describe(awq, cfg),
+                                                "why": str(first[1]).rstrip(".")})
             lead.insert(0, f"demo fallback: the {first[0]} demo does not fit, so this plan serves the {describe(awq, cfg)} "
                            f"stand-in ({str(first[1]).rstrip('.')}).")
-        plan["reasons"][:0] = lead
-        return plan
+        return replace(plan, reasons=(*lead, *plan.reasons))
     assert first is not None
     # The refusal carries the numbers of the demo the user would get, not of the last stand-in tried.
     raise PlanError(f"the built-in demo ({first[0]}) cannot be planned, nor any smaller stand-in: {first[1]}")
@@ -151,34 +150,34 @@ def _plan_demo(inventory, values: dict, args, env: Mapping[str, str], software: 
 
 # ---- table output --------------------------------------------------------------------------------------
 
-def format_table(plan: Mapping[str, Any]) -> str:
-    m = plan["memory"]
+def format_table(plan: Plan) -> str:
+    m = plan.memory
     rows = [
-        ("model", f"{plan['model']}" + ("  (demo)" if plan.get("demo") else "")),
-        ("served as", plan["served_model_name"]),
-        ("GPUs", f"{plan['tensor_parallel_size']}x {plan['gpu_name']} (sm_{plan['compute_capability'].replace('.', '')}), "
-                 f"CUDA_VISIBLE_DEVICES={plan['env']['CUDA_VISIBLE_DEVICES']}"),
-        ("tensor_parallel_size", plan["tensor_parallel_size"]),
-        ("num_speculative_tokens", plan["num_speculative_tokens"]),
-        ("dtype / quantization", f"{plan['dtype']} / {plan['quantization'] or 'none'}"),
-        ("attention / kv cache", f"{plan['attention_backend']} / {plan['kv_cache_dtype']}"),
-        ("GDN prefill / path", f"{plan['gdn_prefill_backend']} / {plan['gdn_path']}"),
-        ("max_model_len", plan["max_model_len"]),
-        ("max_num_seqs", plan["max_num_seqs"]),
-        ("max_num_batched_tokens", plan["max_num_batched_tokens"]),
-        ("gpu_memory_utilization", plan["gpu_memory_utilization"]),
+        ("model", f"{plan.model}" + ("  (demo)" if plan.demo else "")),
+        ("served as", plan.served_model_name),
+        ("GPUs", f"{plan.tensor_parallel_size}x {plan.gpu_name} (sm_{plan.compute_capability.replace('.', '')}), "
+                 f"CUDA_VISIBLE_DEVICES={plan.env['CUDA_VISIBLE_DEVICES']}"),
+        ("tensor_parallel_size", plan.tensor_parallel_size),
+        ("num_speculative_tokens", plan.num_speculative_tokens),
+        ("dtype / quantization", f"{plan.dtype} / {plan.quantization or 'none'}"),
+        ("attention / kv cache", f"{plan.attention_backend} / {plan.kv_cache_dtype}"),
+        ("GDN prefill / path", f"{plan.gdn_prefill_backend} / {plan.gdn_path}"),
+        ("max_model_len", plan.max_model_len),
+        ("max_num_seqs", plan.max_num_seqs),
+        ("max_num_batched_tokens", plan.max_num_batched_tokens),
+        ("gpu_memory_utilization", plan.gpu_memory_utilization),
         ("per GPU (GiB)", f"weights {m['weights_gib']:.2f}, activations {m['activation_gib']:.2f}, "
                           f"CUDA graphs {m['cudagraph_gib']:.2f}, KV cache {m['kv_cache_gib']:.2f}"),
         ("KV cache", f"{m['kv_cache_tokens']} tokens, block size {m['block_size']}, "
                      f"{m['max_concurrency_at_max_len']}x max_model_len"),
-        ("CUDA graphs", "off (eager)" if plan["enforce_eager"] else
-         f"{len(plan['cudagraph_capture_sizes'])} sizes up to {max(plan['cudagraph_capture_sizes'] or [0])}"),
-        ("cache_key", plan["cache_key"]),
+        ("CUDA graphs", "off (eager)" if plan.enforce_eager else
+         f"{len(plan.cudagraph_capture_sizes)} sizes up to {max(plan.cudagraph_capture_sizes or [0])}"),
+        ("cache_key", plan.cache_key),
     ]
     width = max(len(k) for k, _ in rows)
     out = ["turingbox plan", ""] + [f"  {k.ljust(width)}  {v}" for k, v in rows]
-    if plan["excluded_gpus"]:
-        out += ["", "excluded GPUs:"] + [f"  - GPU {e['index']} {e['uuid']}: {e['reason']}" for e in plan["excluded_gpus"]]
-    out += ["", "reasons:"] + [f"  - {r}" for r in plan["reasons"]]
-    out += ["", "vllm " + " ".join(shlex.quote(a) for a in plan["vllm_args"]), ""]
+    if plan.excluded_gpus:
+        out += ["", "excluded GPUs:"] + [f"  - GPU {e['index']} {e['uuid']}: {e['reason']}" for e in plan.excluded_gpus]
+    out += ["", "reasons:"] + [f"  - {r}" for r in plan.reasons]
+    out += ["", "vllm " + " ".join(shlex.quote(a) for a in plan.vllm_args), ""]
     return "\n".join(out)

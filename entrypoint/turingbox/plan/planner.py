@@ -1,4 +1,4 @@
-"""The planner: (GPUs, model config, settings, software versions) -> plan dict. PURE.
+"""The planner: (GPUs, model config, settings, software versions) -> Plan (plan/types.py). PURE.
 
 No NVML, no files, no environment: the command layer reads those and passes values in, so every
 decision here is table-testable on fake inventories. Every automatic decision adds one sentence to
@@ -6,8 +6,9 @@ decision here is table-testable on fake inventories. Every automatic decision ad
 """
 from __future__ import annotations
 
+import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from turingbox.cache.fingerprint import cache_key, fingerprint_inputs
@@ -16,11 +17,12 @@ from turingbox.gpus.inventory import Gpu, Inventory, pci_sort_key
 from turingbox.gpus.visibility import cuda_visible_devices
 from turingbox.plan import arch as archmod
 from turingbox.plan import memory as mem
-from turingbox.plan.settings import PLANNER_DEFAULTS
+from turingbox.plan.types import Plan, PluginConfig
+from turingbox.settings import OBJECTIVES, PLANNER_DEFAULTS, REGISTRY
 from turingbox_plugin.model_config import ModelConfig
 
 WORKER_CLS = "turingbox_plugin.worker.TuringboxWorker"
-DEFAULT_MIN_MODEL_LEN = 4096
+DEFAULT_MIN_MODEL_LEN = PLANNER_DEFAULTS["min_model_len"]   # the declared default (turingbox.settings)
 CONTEXT_ROUNDING = 256          # a shrunk max_model_len is rounded down to this
 REASONING_PARSER = "qwen3"
 TOOL_PARSER = "qwen3_coder"     # Qwen3.5/3.6 emit Qwen3-Coder style XML tool calls
@@ -31,21 +33,17 @@ DEMO_TOOL_PARSER = "hermes"     # the demo model's ChatML template writes <tool_
 CHAT_TURN_TOKENS = 256
 # vLLM 0.21 sampling_params.py _validate_spec_decode: these fail (400) while speculative decoding is on.
 MTP_REFUSED_PARAMETERS = ("min_p", "logit_bias")
-OBJECTIVES = ("latency", "throughput")
 # The turingbox strict warmup (plugin driver.unsupported_reason) refuses data parallelism, so DP
 # replicas are planned only when strict warmup is off.
 DP_NEEDS_STRICT_WARMUP_OFF = True
 
-# Settings the planner reads, with their declared defaults (plan/settings.py); None means "decide automatically".
+# Settings the planner reads, with their declared defaults (turingbox.settings); None means "decide automatically".
 DEFAULTS: dict[str, Any] = dict(PLANNER_DEFAULTS)
-
-# Flag/variable of each setting the planner names in its sentences (declared in plan/command.py).
-_ENV_NAMES = {"tensor_parallel_size": "TURINGBOX_TP"}
 
 
 def setting_name(name: str) -> str:
     """'--max-num-seqs/TURINGBOX_MAX_NUM_SEQS': how refusals and reasons name a setting."""
-    return f"--{name.replace('_', '-')}/{_ENV_NAMES.get(name, 'TURINGBOX_' + name.upper())}"
+    return f"{REGISTRY[name].flag_name}/{REGISTRY[name].env_name}"
 
 
 def min_request_tokens(num_spec: int) -> int:
@@ -516,7 +514,7 @@ def _excluded(all_gpus: Sequence[Gpu], chosen: Candidate, unsupported: dict[str,
 
 
 def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Mapping[str, Any],
-              software: Mapping[str, str]) -> dict[str, Any]:
+              software: Mapping[str, str]) -> Plan:
     """The whole plan. Raises PlanError/UsageError (one sentence, exit 2) when no plan is possible."""
     s = dict(DEFAULTS)
     s.update({k: v for k, v in settings.items() if v is not None})
@@ -580,8 +578,14 @@ def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Map
     return _assemble(best, model, s, software, excluded)
 
 
+def _tool_parser(model: ModelConfig) -> str:
+    # The demo's own chat template writes JSON tool calls (hermes); real Qwen3.5/3.6 checkpoints
+    # ship a template with Qwen3-Coder style XML calls.
+    return DEMO_TOOL_PARSER if model.is_demo else TOOL_PARSER
+
+
 def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: Mapping[str, str],
-              excluded: list[dict]) -> dict[str, Any]:
+              excluded: list[dict]) -> Plan:
     r, z = c.rules, c.sizing
     gpu = c.gpus[0]
     reasons = [c.tp_reason]
@@ -591,7 +595,7 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
         reasons.append(f"Left out {len(excluded)} GPU(s): " + "; ".join(
             f"GPU {e['index']} ({e['uuid'][:12]}) {e['reason']}" for e in excluded) + ".")
     reasons.append(c.mtp_reason)
-    refused = list(MTP_REFUSED_PARAMETERS) if c.num_spec else []
+    refused = MTP_REFUSED_PARAMETERS if c.num_spec else ()
     if refused:
         reasons.append(f"MTP cost: vLLM 0.21 answers 400 to requests that set {' or '.join(refused)} while speculative "
                        f"decoding is on; TURINGBOX_MTP=0 (--mtp 0) accepts them at the cost of decode speed.")
@@ -607,99 +611,56 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
                        "the mode vLLM 0.21 requires with MTP.")
     reasons += z.reasons
     enforce_eager = bool(s["enforce_eager"])
-    capture = [] if enforce_eager else z.capture_sizes
+    capture = () if enforce_eager else tuple(z.capture_sizes)
     if enforce_eager:
         reasons.append("enforce_eager: set by TURINGBOX_ENFORCE_EAGER (no CUDA graphs; decode is several times slower).")
     else:
         mode = "FULL decode + PIECEWISE" if r.full_decode_graphs else "PIECEWISE only (FlashInfer decodes MTP without full graphs)"
         reasons.append(f"CUDA graphs {mode} for {len(capture)} batch sizes up to {capture[-1] if capture else 0}.")
-    served = s["served_model_name"] or (model.path.rstrip("/").rsplit("/", 1)[-1])
-    plugin = {
-        "strict_warmup": bool(s["strict_warmup"]),
-        "require_plugin": bool(s["require_plugin"]),
-        "gdn": r.gdn_path,
-        "num_speculative_tokens": c.num_spec,
-        "max_num_seqs": z.max_num_seqs,
-        "cudagraph_capture_sizes": capture,
-    }
-    # runtime_dir and benchmark_mode travel as environment variables, not here: vLLM hashes
-    # additional_config into its compile-cache key, so anything volatile here would split the cache.
-    args = ["serve", model.path,
-            "--served-model-name", served,
-            "--tensor-parallel-size", str(c.tp),
-            *(["--data-parallel-size", str(c.dp)] if c.dp > 1 else []),
-            "--dtype", r.dtype,
-            "--max-model-len", str(z.max_model_len),
-            "--max-num-seqs", str(z.max_num_seqs),
-            "--max-num-batched-tokens", str(z.max_num_batched_tokens),
-            "--gpu-memory-utilization", f"{z.gpu_memory_utilization}",
-            "--kv-cache-dtype", r.kv_cache_dtype,
-            "--attention-backend", r.attention_backend]
-    if model.num_linear_attention_layers:
-        args += ["--gdn-prefill-backend", r.gdn_prefill_backend]
-    if prefix:
-        args += ["--enable-prefix-caching"]
-        if model.num_linear_attention_layers:
-            args += ["--mamba-cache-mode", "align"]
-    else:
-        args += ["--no-enable-prefix-caching"]
-    if r.disable_custom_all_reduce:
-        args += ["--disable-custom-all-reduce"]
     if model.model_type.startswith("qwen3"):
-        # The demo's own chat template writes JSON tool calls (hermes); real Qwen3.5/3.6 checkpoints
-        # ship a template with Qwen3-Coder style XML calls.
-        tool_parser = DEMO_TOOL_PARSER if model.is_demo else TOOL_PARSER
-        args += ["--reasoning-parser", REASONING_PARSER, "--enable-auto-tool-choice", "--tool-call-parser", tool_parser]
-        reasons.append(f"parsers: reasoning {REASONING_PARSER} and tools {tool_parser} (<think> blocks and "
+        reasons.append(f"parsers: reasoning {REASONING_PARSER} and tools {_tool_parser(model)} (<think> blocks and "
                        + ("the demo template's JSON tool calls)." if model.is_demo else "Qwen3-Coder style XML tool calls)."))
-    if c.num_spec:
-        args += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": c.num_spec},
-                                                    separators=(",", ":"))]
     if model.is_demo:
-        args += ["--load-format", "dummy"]
-        if model.has_vision:
-            args += ["--limit-mm-per-prompt", json.dumps({"image": 0, "video": 0}, separators=(",", ":"))]
         reasons.append("demo model: --load-format dummy (random weights of the real architecture)"
                        + (", text only (the vision tower is not built)." if model.has_vision else "."))
-    if enforce_eager:
-        args += ["--enforce-eager"]
-    elif capture:
-        args += ["--compilation-config", json.dumps({"cudagraph_capture_sizes": capture}, separators=(",", ":"))]
-    args += ["--worker-cls", WORKER_CLS,
-             "--additional-config", json.dumps({"turingbox": plugin}, separators=(",", ":"), sort_keys=True)]
-
-    plan: dict[str, Any] = {
-        "tensor_parallel_size": c.tp,
-        "data_parallel_size": c.dp,
-        "objective": s["objective"],
-        "num_speculative_tokens": c.num_spec,
-        "mtp_refused_parameters": refused,
-        "gpu_memory_utilization": z.gpu_memory_utilization,
-        "max_model_len": z.max_model_len,
-        "max_num_seqs": z.max_num_seqs,
-        "max_num_batched_tokens": z.max_num_batched_tokens,
-        "kv_cache_dtype": r.kv_cache_dtype,
-        "attention_backend": r.attention_backend,
-        "dtype": r.dtype,
-        "gdn_prefill_backend": r.gdn_prefill_backend,
-        "gdn_path": r.gdn_path,
-        "quantization": quant,
-        "cudagraph_capture_sizes": capture,
-        "enforce_eager": enforce_eager,
-        "prefix_caching": prefix,
-        "disable_custom_all_reduce": r.disable_custom_all_reduce,
-        "compute_capability": gpu.compute_capability,
-        "gpu_name": gpu.name,
-        "gpus": [g.uuid for g in c.gpus],
-        "gpu_indices": [g.index for g in c.gpus],
-        "excluded_gpus": excluded,
-        "model": model.path,
-        "served_model_name": served,
-        "demo": model.is_demo,
-        "demo_fallback": None,           # set by the command layer when a smaller demo variant was used
-        "memory": z.memory,
-        "plugin": plugin,
-        "env": {
+    served = s["served_model_name"] or (model.path.rstrip("/").rsplit("/", 1)[-1])
+    # runtime_dir and benchmark_mode travel as environment variables, not in the plugin config: vLLM hashes
+    # additional_config into its compile-cache key, so anything volatile there would split the cache.
+    plugin = PluginConfig(strict_warmup=bool(s["strict_warmup"]), require_plugin=bool(s["require_plugin"]),
+                          gdn=r.gdn_path, num_speculative_tokens=c.num_spec, max_num_seqs=z.max_num_seqs,
+                          cudagraph_capture_sizes=capture)
+    plan = Plan(
+        tensor_parallel_size=c.tp,
+        data_parallel_size=c.dp,
+        objective=s["objective"],
+        num_speculative_tokens=c.num_spec,
+        mtp_refused_parameters=refused,
+        gpu_memory_utilization=z.gpu_memory_utilization,
+        max_model_len=z.max_model_len,
+        max_num_seqs=z.max_num_seqs,
+        max_num_batched_tokens=z.max_num_batched_tokens,
+        kv_cache_dtype=r.kv_cache_dtype,
+        attention_backend=r.attention_backend,
+        dtype=r.dtype,
+        gdn_prefill_backend=r.gdn_prefill_backend,
+        gdn_path=r.gdn_path,
+        quantization=quant,
+        cudagraph_capture_sizes=capture,
+        enforce_eager=enforce_eager,
+        prefix_caching=prefix,
+        disable_custom_all_reduce=r.disable_custom_all_reduce,
+        compute_capability=gpu.compute_capability,
+        gpu_name=gpu.name,
+        gpus=tuple(g.uuid for g in c.gpus),
+        gpu_indices=tuple(g.index for g in c.gpus),
+        excluded_gpus=tuple(dict(e) for e in excluded),
+        model=model.path,
+        served_model_name=served,
+        demo=model.is_demo,
+        demo_fallback=None,           # set by the command layer when a smaller demo variant was used
+        memory=copy.deepcopy(z.memory),
+        plugin=plugin,
+        env={
             "CUDA_VISIBLE_DEVICES": cuda_visible_devices(c.gpus),
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             # Must be set before FLA is imported to reuse autotune results (DESIGN: 93 s per start otherwise).
@@ -708,10 +669,58 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
             "TURINGBOX_BENCHMARK_MODE": "1" if s["benchmark_mode"] else "0",
             "VLLM_PLUGINS": None,           # None = remove from the environment (all plugins load)
         },
-        "vllm_args": args,
-        "reasons": reasons,
-    }
-    inputs = fingerprint_inputs(plan, gpu.name, gpu.compute_capability, software, model.config_hash)
-    plan["cache_inputs"] = inputs
-    plan["cache_key"] = cache_key(inputs)
-    return plan
+        vllm_args=(),
+        reasons=tuple(reasons),
+        cache_inputs={},
+        cache_key="",
+    )
+    plan = replace(plan, vllm_args=vllm_args(plan, model))
+    inputs = fingerprint_inputs(plan.to_dict(), gpu.name, gpu.compute_capability, software, model.config_hash)
+    return replace(plan, cache_inputs=inputs, cache_key=cache_key(inputs))
+
+
+def vllm_args(plan: Plan, model: ModelConfig) -> tuple[str, ...]:
+    """The argv after `vllm` for this plan: the one place the plan's fields become vLLM flags.
+
+    model: the ModelConfig the plan was made for (its layer kinds, type and vision tower pick flags).
+    """
+    args = ["serve", plan.model,
+            "--served-model-name", plan.served_model_name,
+            "--tensor-parallel-size", str(plan.tensor_parallel_size),
+            *(["--data-parallel-size", str(plan.data_parallel_size)] if plan.data_parallel_size > 1 else []),
+            "--dtype", plan.dtype,
+            "--max-model-len", str(plan.max_model_len),
+            "--max-num-seqs", str(plan.max_num_seqs),
+            "--max-num-batched-tokens", str(plan.max_num_batched_tokens),
+            "--gpu-memory-utilization", f"{plan.gpu_memory_utilization}",
+            "--kv-cache-dtype", plan.kv_cache_dtype,
+            "--attention-backend", plan.attention_backend]
+    if model.num_linear_attention_layers:
+        args += ["--gdn-prefill-backend", plan.gdn_prefill_backend]
+    if plan.prefix_caching:
+        args += ["--enable-prefix-caching"]
+        if model.num_linear_attention_layers:
+            args += ["--mamba-cache-mode", "align"]
+    else:
+        args += ["--no-enable-prefix-caching"]
+    if plan.disable_custom_all_reduce:
+        args += ["--disable-custom-all-reduce"]
+    if model.model_type.startswith("qwen3"):
+        args += ["--reasoning-parser", REASONING_PARSER, "--enable-auto-tool-choice",
+                 "--tool-call-parser", _tool_parser(model)]
+    if plan.num_speculative_tokens:
+        args += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": plan.num_speculative_tokens},
+                                                    separators=(",", ":"))]
+    if plan.demo:
+        args += ["--load-format", "dummy"]
+        if model.has_vision:
+            args += ["--limit-mm-per-prompt", json.dumps({"image": 0, "video": 0}, separators=(",", ":"))]
+    if plan.enforce_eager:
+        args += ["--enforce-eager"]
+    elif plan.cudagraph_capture_sizes:
+        args += ["--compilation-config", json.dumps({"cudagraph_capture_sizes": list(plan.cudagraph_capture_sizes)},
+                                                    separators=(",", ":"))]
+    args += ["--worker-cls", WORKER_CLS,
+             "--additional-config", json.dumps({"turingbox": plan.plugin.to_dict()}, separators=(",", ":"),
+                                               sort_keys=True)]
+    return tuple(args)

@@ -12,6 +12,7 @@ import json
 import time
 from typing import Any, Callable
 
+from turingbox.plan.types import Plan
 from turingbox_plugin.errors import ToolError
 
 
@@ -220,10 +221,9 @@ def run_active_warmup(base_url: str, model: str, api_key: str | None = None, tim
             "requests": results, "concurrency": batches}
 
 
-def concurrencies_for_plan(plan: dict[str, Any]) -> tuple[int, ...]:
+def concurrencies_for_plan(plan: Plan) -> tuple[int, ...]:
     """The batch classes the plan allows (same rule as the worker's strict warmup), capped at 64."""
     from turingbox_plugin.warmup_plan import choose_concurrencies
 
-    n = choose_concurrencies(int(plan.get("max_num_seqs") or 1), int(plan.get("num_speculative_tokens") or 0),
-                             tuple(plan.get("cudagraph_capture_sizes") or ()))
+    n = choose_concurrencies(plan.max_num_seqs or 1, plan.num_speculative_tokens, plan.cudagraph_capture_sizes)
     return tuple(c for c in n if c <= 64) or (1,)

@@ -7,6 +7,7 @@ import logging
 
 from turingbox import settings
 from turingbox.errors import UsageError
+from turingbox.plan.types import Plan
 from turingbox.serve.options import SERVE_SETTINGS, ServeOptions
 
 log = logging.getLogger("turingbox.serve")
@@ -32,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run, _plan_settings=plan_names)
 
 
-def load_plan_file(path: str) -> dict:
+def load_plan_file(path: str) -> Plan:
     try:
         with open(path) as f:
             plan = json.load(f)
@@ -43,7 +44,11 @@ def load_plan_file(path: str) -> dict:
     if not isinstance(plan, dict) or not isinstance(plan.get("vllm_args"), list) \
             or not all(isinstance(a, str) for a in plan["vllm_args"]):
         raise UsageError(f"--plan-file {path!r} is not a turingbox plan (it needs a 'vllm_args' list of strings).")
-    return plan
+    try:
+        return Plan.from_dict(plan)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"--plan-file {path!r} is not a turingbox plan ({exc}); write it with "
+                         "`turingbox plan --json`.") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if options.plan_file:
         plan = load_plan_file(options.plan_file)
 
-        def plan_fn() -> dict:
+        def plan_fn() -> Plan:
             return plan
     else:
         if not plan_names:
@@ -62,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         # Bad values end serve now (exit 2, one sentence) instead of leaving a sidecar that is never ready.
         settings.resolve(plan_names, args)
 
-        def plan_fn() -> dict:
+        def plan_fn() -> Plan:
             from turingbox.plan.command import plan_from_args
             return plan_from_args(args)
     return serve(options, plan_fn, list(getattr(args, "vllm_passthrough", []) or []))

@@ -34,15 +34,17 @@ from typing import Any, Callable, Mapping
 import httpx
 import uvicorn
 
+from turingbox import settings
 # Names the sidecar tests and callers used from here before the launcher moved to engine/ stay importable.
 from turingbox.engine.launch import (MASK, SECRET_FLAGS, EngineNotAnswering, flag_value,  # noqa: F401
                                      flag_values, free_loopback_port, health_client, instance_runtime_dir,
-                                     mask_argv, own_variables, read_workers, vllm_argv, vllm_env,
+                                     mask_argv, own_variables, parent_env, read_workers, vllm_argv, vllm_env,
                                      wait_until_answering, worker_check)
 from turingbox.engine.supervisor import Supervisor, describe_exit
 from turingbox.errors import UsageError
+from turingbox.plan.types import Plan
 from turingbox.serve import stages
-from turingbox.serve.metrics import ServeMetrics, gpu_uuids_of
+from turingbox.serve.metrics import ServeMetrics
 from turingbox.serve.options import ServeOptions, api_key_state
 from turingbox.serve.sidecar import ServeState, Sidecar, limited_protocol
 
@@ -65,7 +67,8 @@ def check_passthrough(passthrough: list[str]) -> None:
 
 
 def public_plan(plan: dict, secrets: list[str]) -> dict:
-    """The plan with secret env values, secret flag values and any known secret string masked."""
+    """The plan JSON (Plan.to_dict()) with secret env values, secret flag values and any known secret string
+    masked: what GET /turingbox/plan and the startup log show."""
     p = copy.deepcopy(plan)
     if isinstance(p.get("vllm_args"), list):
         p["vllm_args"] = mask_argv([str(a) for a in p["vllm_args"]])
@@ -184,21 +187,21 @@ class StartupFailed(Exception):
 # ---- the controller ----------------------------------------------------------------------------
 
 class Controller:
-    def __init__(self, options: ServeOptions, plan_fn: Callable[[], dict], passthrough: list[str]) -> None:
+    def __init__(self, options: ServeOptions, plan_fn: Callable[[], Plan], passthrough: list[str]) -> None:
         self.options = options
         self.plan_fn = plan_fn
         self.passthrough = passthrough
         self.upstream_key = flag_value(passthrough, "--api-key")
-        self.secrets = secret_values(options.api_key, passthrough, os.environ)
-        self.api_key_on, self.api_key_line = api_key_state(options.api_key, os.environ)
+        self.secrets = secret_values(options.api_key, passthrough, parent_env())   # what vLLM inherits
+        self.api_key_on, self.api_key_line = api_key_state(options.api_key)
         self.redact = make_redactor(self.secrets)
         self.tracker = stages.StartupTracker(on_change=self._stage_changed)
         self.state = ServeState(tracker=self.tracker, options=options, upstream_api_key=self.upstream_key)
         self.runtime_dir: str | None = None
         self.own_runtime_dir: str | None = None   # this instance's directory (instance_runtime_dir): removed at exit
-        self.raw_plan: dict | None = None
+        self.raw_plan: Plan | None = None
         self.metrics = ServeMetrics(self.tracker, worker_status=self._worker_status,
-                                    gpu_uuids=lambda: gpu_uuids_of(self.raw_plan))
+                                    gpu_uuids=lambda: list(self.raw_plan.gpus) if self.raw_plan else [])
         self.sidecar = Sidecar(self.state, self.metrics)
         self.supervisor = Supervisor(on_line=self.tracker.observe_log_line, redact=self.redact)
         self.cache_session: Any = None      # until finished
@@ -378,34 +381,37 @@ class Controller:
         # sentence and exit 2 through _startup; a sidecar that can never be ready must not look alive.
         plan = await _in_daemon_thread(self.plan_fn)
         self.raw_plan = plan
-        plan_env = {k: str(v) for k, v in (plan.get("env") or {}).items() if v is not None}
-        plan_args = [str(a) for a in plan.get("vllm_args", [])]
+        plan_env = {k: str(v) for k, v in plan.env.items() if v is not None}
+        plan_args = list(plan.vllm_args)
         self.secrets = sorted({*self.secrets, *secret_values(None, plan_args, plan_env)})
         self.redact = self.supervisor.redact = make_redactor(self.secrets)
         # Whether /v1 needs a key, said where operators look (the key itself never is).
-        self.state.plan = {**public_plan(plan, self.secrets), "api_key": "on" if self.api_key_on else "off"}
+        self.state.plan = {**public_plan(plan.to_dict(), self.secrets), "api_key": "on" if self.api_key_on else "off"}
         log.info("plan %s", json.dumps(self.state.plan, sort_keys=True, separators=(",", ":")))
-        for reason in plan.get("reasons", []):
+        for reason in plan.reasons:
             log.info("plan reason: %s", reason)
         self.tracker.advance(stages.STARTING)
 
         # 2. caches
-        env = vllm_env(os.environ, plan.get("env"), await self._prepare_cache(plan))
-        dropped = own_variables(os.environ)
+        env = vllm_env(parent_env(), plan.env, await self._prepare_cache(plan))
+        dropped = own_variables(parent_env())
         if dropped:
             log.info("not passed to vLLM (resolved by turingbox; the plan carries the values): %s", ", ".join(dropped))
 
         # 3. vLLM, with status files in a directory of this instance's own under the configured runtime dir:
         # two instances on one host (two compose services, serve beside a warmup) must not read each other's.
-        base = ((plan.get("plugin") or {}).get("runtime_dir") or env.get("TURINGBOX_RUNTIME_DIR")
-                or os.environ.get("TURINGBOX_RUNTIME_DIR") or tempfile.gettempdir())
+        # A saved plan without one: the operator's runtime_dir setting if set (its default is the planner's).
+        configured = (settings.resolve(("runtime_dir",))["runtime_dir"]
+                      if settings.env_state("runtime_dir") == "set" else None)
+        base = (env.get("TURINGBOX_RUNTIME_DIR")
+                or configured or tempfile.gettempdir())
         self.runtime_dir = self.own_runtime_dir = instance_runtime_dir(base, "serve")
         env["TURINGBOX_RUNTIME_DIR"] = self.runtime_dir
         # what `turingbox jit-report --url` reads
         self.state.plan = {**self.state.plan, "env": {**(self.state.plan.get("env") or {}),
                                                       "TURINGBOX_RUNTIME_DIR": self.runtime_dir}}
         port = opts.upstream_port or free_loopback_port()
-        argv = vllm_argv(plan, port, self.passthrough, opts.vllm_command)
+        argv = vllm_argv(plan.vllm_args, port, self.passthrough, opts.vllm_command)
         log.info("starting vLLM: %s", shlex.join(mask_argv(argv)))
         await self.supervisor.start(argv, env)
         asyncio.create_task(self._watch_upstream(), name="vllm-watch")
@@ -416,7 +422,7 @@ class Controller:
         self.tracker.advance(stages.WARMING)
 
         # 5. active warmup with real requests, 6. the workers' plugin status
-        model = plan.get("served_model_name") or plan.get("model")
+        model = plan.served_model_name or plan.model
         if opts.active_warmup:
             await self._active_warmup(base, model)
         self._check_workers(plan)
@@ -432,7 +438,7 @@ class Controller:
                  ", ".join(f"{k} {v:.1f} s" for k, v in self.tracker.durations.items()))
         await self._probe_upstream(base)
 
-    async def _prepare_cache(self, plan: dict) -> dict[str, str]:
+    async def _prepare_cache(self, plan: Plan) -> dict[str, str]:
         try:
             from turingbox.cache.store import prepare_cache
         except ImportError as exc:
@@ -498,11 +504,9 @@ class Controller:
             raise StartupFailed(why[0].upper() + why[1:].rstrip(".") + ".") from None
         log.info("active warmup %s", json.dumps(result, sort_keys=True, default=str))
 
-    def _check_workers(self, plan: dict) -> None:
-        plugin = plan.get("plugin") or {}
-        tp = int(plan.get("tensor_parallel_size") or 1)
+    def _check_workers(self, plan: Plan) -> None:
         workers = self._worker_status()
-        problem = worker_check(workers, tp, bool(plugin.get("require_plugin")))
+        problem = worker_check(workers, plan.tensor_parallel_size, plan.plugin.require_plugin)
         if problem:
             raise StartupFailed(problem)
         for w in workers:
@@ -545,7 +549,7 @@ def configure_logging() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def serve(options: ServeOptions, plan_fn: Callable[[], dict], passthrough: list[str]) -> int:
+def serve(options: ServeOptions, plan_fn: Callable[[], Plan], passthrough: list[str]) -> int:
     """Run serve to the end; returns the exit code."""
     configure_logging()
     check_passthrough(passthrough)

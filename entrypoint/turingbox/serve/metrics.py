@@ -175,10 +175,6 @@ class _GpuCollector(Collector):
         yield from (util, mem, total, temp, power)
 
 
-def gpu_uuids_of(plan: dict | None) -> list[str]:
-    return [g for g in (plan or {}).get("gpus", []) if isinstance(g, str)] if plan else []
-
-
 
 # ---- vLLM's own /metrics, passed through ---------------------------------------------------------
 

@@ -18,17 +18,11 @@ from typing import Any, Mapping
 from turingbox import settings
 from turingbox.cache import store
 from turingbox.errors import UsageError
+from turingbox.plan.types import Plan
 
 STAGE_PREFIX = "turingbox-stage: "
 RESULT_PREFIX = "turingbox-seed-result: "
 STAGES = ("plan", "cache", "engine-start", "engine-ready", "strict-warmup", "active-warmup", "engine-stop", "complete")
-
-WARMUP_TIMEOUT = settings.declare(settings.Setting(
-    name="warmup_timeout",
-    help="seconds a seeding run may take to reach ready (compiles, autotuning and JIT included)",
-    parse=settings.positive_float,
-    default=1800.0,
-))
 
 
 class SeedFailed(UsageError):
@@ -47,7 +41,7 @@ def _plan_settings() -> tuple[str, ...]:
 def register(sub: argparse._SubParsersAction) -> None:
     plan_names = _plan_settings()
     # One flag per setting even if the planner also lists a cache setting.
-    names = tuple(dict.fromkeys(plan_names + store.CACHE_SETTINGS + ("warmup_timeout",)))
+    names = tuple(dict.fromkeys(plan_names + store.CACHE_SETTINGS + settings.WARMUP_SETTINGS))
     warm = sub.add_parser("warmup", help="start the engine with the plan, warm every cache, stop (seeds the cache)",
                           description="Fill the cache entry for this plan. Without --seed-only an entry that is "
                                       "already complete is left alone (exit 0 without starting the engine).")
@@ -176,7 +170,7 @@ def stage(name: str, detail: str = "") -> None:
     print(f"{STAGE_PREFIX}{name}" + (f" {detail}" if detail else ""), flush=True)
 
 
-def _load_plan(args) -> dict:
+def _load_plan(args) -> Plan:
     if getattr(args, "plan_json", None):
         try:
             with open(args.plan_json, encoding="utf-8") as f:
@@ -185,7 +179,11 @@ def _load_plan(args) -> dict:
             raise UsageError(f"--plan-json {args.plan_json} cannot be read as a plan ({exc.__class__.__name__}).") from None
         if not isinstance(plan, dict) or "cache_inputs" not in plan:
             raise UsageError(f"--plan-json {args.plan_json} is not a turingbox plan (no cache_inputs).")
-        return plan
+        try:
+            return Plan.from_dict(plan)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"--plan-json {args.plan_json} is not a turingbox plan ({exc}); write it with "
+                             "`turingbox plan --json`.") from None
     try:
         planner = importlib.import_module("turingbox.plan.command")
     except ImportError:
@@ -208,7 +206,7 @@ def strict_warmup_problems(worker_status: list[Mapping[str, Any]], tensor_parall
 
 
 def run_warmup(args) -> int:
-    values = settings.resolve(store.CACHE_SETTINGS + ("warmup_timeout",), args)  # bad input before any work
+    values = settings.resolve(store.CACHE_SETTINGS + settings.WARMUP_SETTINGS, args)  # bad input before any work
     stage("plan")
     plan = _load_plan(args)
     stage("cache")
@@ -220,7 +218,7 @@ def run_warmup(args) -> int:
         session.close()   # a private/cold copy lives in TMPDIR: never leave it behind
 
 
-def _seed(args, plan: Mapping[str, Any], session: store.CacheSession, timeout: float) -> int:
+def _seed(args, plan: Plan, session: store.CacheSession, timeout: float) -> int:
     for line in session.status["events"]:
         print(f"turingbox: {line}", flush=True)
     if session.status["result"] == "hit" and session.mode == "shared" and not getattr(args, "seed_only", False):
@@ -247,27 +245,27 @@ def _seed(args, plan: Mapping[str, Any], session: store.CacheSession, timeout: f
     return 0
 
 
-def _print_result(session: store.CacheSession, plan: Mapping[str, Any]) -> None:
+def _print_result(session: store.CacheSession, plan: Plan) -> None:
     sizes, _ = store.measure(session.entry)
     print(RESULT_PREFIX + json.dumps({
         "cache_key": session.key, "entry": session.entry, "mode": session.mode,
         "result": session.status["result"], "sizes": sizes,
-        "tensor_parallel_size": plan.get("tensor_parallel_size"),
-        "num_speculative_tokens": plan.get("num_speculative_tokens"), "gpu_name": plan.get("gpu_name"),
+        "tensor_parallel_size": plan.tensor_parallel_size,
+        "num_speculative_tokens": plan.num_speculative_tokens, "gpu_name": plan.gpu_name,
         "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }, sort_keys=True), flush=True)
 
 
-def engine_env(plan: Mapping[str, Any], cache_env: Mapping[str, str], runtime_dir: str) -> dict[str, str]:
+def engine_env(plan: Plan, cache_env: Mapping[str, str], runtime_dir: str) -> dict[str, str]:
     """The vLLM process environment, built as serve builds it (the one launcher's vllm_env)."""
-    from turingbox.engine.launch import vllm_env
+    from turingbox.engine.launch import parent_env, vllm_env
 
-    env = vllm_env(os.environ, plan.get("env"), cache_env)
+    env = vllm_env(parent_env(), plan.env, cache_env)
     env["TURINGBOX_RUNTIME_DIR"] = runtime_dir
     return env
 
 
-def _warm_engine(plan: Mapping[str, Any], session: store.CacheSession, timeout: float, passthrough: list[str]) -> None:
+def _warm_engine(plan: Plan, session: store.CacheSession, timeout: float, passthrough: list[str]) -> None:
     """Start vLLM with serve's own launcher (controller.vllm_argv + supervisor.Supervisor), wait until
     it answers, check the workers' strict warmup, run the active warmup, stop it gracefully.
 
@@ -296,16 +294,12 @@ def _warm_engine(plan: Mapping[str, Any], session: store.CacheSession, timeout: 
     asyncio.run(guarded())
 
 
-async def _warm_engine_async(plan, session, timeout, passthrough) -> None:
+async def _warm_engine_async(plan: Plan, session, timeout, passthrough) -> None:
     import tempfile
 
     from turingbox.engine.launch import instance_runtime_dir
-    from turingbox.serve import options as serve_options  # declares vllm_command, vllm_stop_grace_seconds
-
-    del serve_options
     resolved = settings.resolve(("vllm_command", "vllm_stop_grace_seconds"))
-    base = ((plan.get("plugin") or {}).get("runtime_dir") or (plan.get("env") or {}).get("TURINGBOX_RUNTIME_DIR")
-            or tempfile.gettempdir())
+    base = plan.env.get("TURINGBOX_RUNTIME_DIR") or tempfile.gettempdir()
     runtime_dir = instance_runtime_dir(base, "warmup")    # this engine's own: a serve beside it keeps its files
     try:
         await _run_engine(plan, session, timeout, passthrough, resolved["vllm_command"], runtime_dir,
@@ -314,7 +308,7 @@ async def _warm_engine_async(plan, session, timeout, passthrough) -> None:
         shutil.rmtree(runtime_dir, ignore_errors=True)    # the engine is stopped, nothing reads it any more
 
 
-async def _run_engine(plan, session, timeout, passthrough, vllm_command, runtime_dir, stop_grace_s) -> None:
+async def _run_engine(plan: Plan, session, timeout, passthrough, vllm_command, runtime_dir, stop_grace_s) -> None:
     """serve's launcher (turingbox.engine): the same argv, environment, supervisor, wait and worker check."""
     import asyncio
     import time
@@ -323,7 +317,7 @@ async def _run_engine(plan, session, timeout, passthrough, vllm_command, runtime
     from turingbox.serve.active_warmup import run_active_warmup
 
     port = launch.free_loopback_port()
-    argv = launch.vllm_argv(plan, port, passthrough, vllm_command)
+    argv = launch.vllm_argv(plan.vllm_args, port, passthrough, vllm_command)
     base = f"http://127.0.0.1:{port}"
     engine = supervisor.Supervisor(output=sys.stdout.buffer)
     stage("engine-start")
@@ -339,11 +333,11 @@ async def _run_engine(plan, session, timeout, passthrough, vllm_command, runtime
             raise SeedFailed(str(exc)) from None
         stage("engine-ready")
         stage("strict-warmup")
-        problems = strict_warmup_problems(launch.read_workers(runtime_dir), int(plan.get("tensor_parallel_size") or 1))
+        problems = strict_warmup_problems(launch.read_workers(runtime_dir), plan.tensor_parallel_size)
         if problems:
             raise SeedFailed("Strict warmup did not pass: " + "; ".join(problems) + ".")
         stage("active-warmup")
-        model = plan.get("served_model_name") or plan.get("model")
+        model = plan.served_model_name or plan.model
         await asyncio.to_thread(run_active_warmup, base, model, None, max(60.0, deadline - time.monotonic()))
     finally:
         stage("engine-stop")

@@ -45,6 +45,7 @@ def find_tool(name: str, nvcc: str | None = None) -> str | None:
     found = shutil.which(name)
     if found:
         return found
+    # environ: CUDA_HOME: the CUDA toolkit's variable
     dirs = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
     candidates = [Path(d) / "bin" / name for d in dirs if d]
     if nvcc:

@@ -46,6 +46,7 @@ _loaded: dict[str, ctypes.CDLL] = {}
 
 def library_path(env: dict | None = None) -> Path:
     """Where the library is expected: $TURINGBOX_GDN_LIB, else the package's lib/ folder."""
+    # environ: TURINGBOX_GDN_LIB: the plugin's own library path (set by the image), not an appliance setting
     env = os.environ if env is None else env
     override = env.get(ENV_LIB)
     if override:

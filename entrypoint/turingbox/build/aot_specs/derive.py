@@ -344,6 +344,7 @@ def default_vllm_src() -> str:
         spec = None
     if spec is not None and spec.submodule_search_locations:
         return list(spec.submodule_search_locations)[0]
+    # environ: a build/dev tool's source path (documented in test_settings_names), not a setting
     if os.environ.get("TURINGBOX_VLLM_SRC"):
         return os.environ["TURINGBOX_VLLM_SRC"]
     return DEFAULT_VLLM_SRC

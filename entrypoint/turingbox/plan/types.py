@@ -1,0 +1,112 @@
+"""The plan as a value: `Plan`, a frozen dataclass with one typed field per key of the plan JSON.
+
+`Plan.to_dict()` is the JSON contract (`turingbox plan --json`, `GET /turingbox/plan`, the startup log
+line; docs/planning.md): the same keys in the same order as the fields below. `Plan.from_dict()` rebuilds a
+Plan from that JSON (a saved plan: `serve --plan-file`, `warmup --plan-json`, `flashinfer_aot --plan-json`).
+
+Sequences are tuples and the structured parts small frozen dataclasses; the free-form parts (the memory
+breakdown, the environment, the fingerprint inputs, the left-out GPUs) stay typed Mappings, copied in and
+out, so a caller never shares a mutable part of a Plan.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """additional_config["turingbox"]: what the vLLM plugin (turingbox_plugin.settings) reads."""
+    strict_warmup: bool
+    require_plugin: bool
+    gdn: str
+    num_speculative_tokens: int
+    max_num_seqs: int
+    cudagraph_capture_sizes: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _to_json(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PluginConfig:
+        _require(d, cls, "plugin")
+        return cls(strict_warmup=bool(d["strict_warmup"]), require_plugin=bool(d["require_plugin"]),
+                   gdn=str(d["gdn"]), num_speculative_tokens=int(d["num_speculative_tokens"]),
+                   max_num_seqs=int(d["max_num_seqs"]),
+                   cudagraph_capture_sizes=tuple(int(x) for x in d["cudagraph_capture_sizes"]))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One plan. The field order is the JSON key order."""
+    tensor_parallel_size: int
+    data_parallel_size: int
+    objective: str                              # latency | throughput
+    num_speculative_tokens: int                 # 0 = no MTP
+    mtp_refused_parameters: tuple[str, ...]     # request parameters vLLM refuses while MTP is on
+    gpu_memory_utilization: float
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_cache_dtype: str
+    attention_backend: str
+    dtype: str
+    gdn_prefill_backend: str
+    gdn_path: str
+    quantization: str | None
+    cudagraph_capture_sizes: tuple[int, ...]    # () with enforce_eager
+    enforce_eager: bool
+    prefix_caching: bool
+    disable_custom_all_reduce: bool
+    compute_capability: str                     # "7.5"
+    gpu_name: str
+    gpus: tuple[str, ...]                       # UUIDs used, in CUDA order
+    gpu_indices: tuple[int, ...]
+    excluded_gpus: tuple[Mapping[str, Any], ...]  # {"uuid", "index", "reason"} each
+    model: str                                  # the model directory
+    served_model_name: str
+    demo: bool
+    demo_fallback: Mapping[str, Any] | None     # {"wanted", "used", "why"} when a smaller demo stands in
+    memory: Mapping[str, Any]                   # per-GPU breakdown (plan/memory.py, planner.size_memory)
+    plugin: PluginConfig
+    env: Mapping[str, str | None]               # None = remove the variable from vLLM's environment
+    vllm_args: tuple[str, ...]                  # the exact argv after `vllm` (planner.vllm_args)
+    reasons: tuple[str, ...]                    # one sentence per automatic decision
+    cache_inputs: Mapping[str, Any]             # cache.fingerprint.fingerprint_inputs
+    cache_key: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan JSON object (a fresh copy: lists, dicts)."""
+        return {f.name: _to_json(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Plan:
+        """A Plan from its JSON object. Raises ValueError naming the missing keys; unknown keys are ignored."""
+        _require(d, cls, "plan")
+        kw: dict[str, Any] = {f.name: copy.deepcopy(d[f.name]) for f in fields(cls)}
+        for name in ("mtp_refused_parameters", "gpus", "vllm_args", "reasons"):
+            kw[name] = tuple(str(x) for x in kw[name])
+        for name in ("cudagraph_capture_sizes", "gpu_indices"):
+            kw[name] = tuple(int(x) for x in kw[name])
+        kw["excluded_gpus"] = tuple(kw["excluded_gpus"])
+        kw["plugin"] = PluginConfig.from_dict(kw["plugin"])
+        return cls(**kw)
+
+
+def _require(d: Any, cls: type, what: str) -> None:
+    if not isinstance(d, Mapping):
+        raise ValueError(f"the {what} is a JSON {type(d).__name__}, not an object")
+    missing = [f.name for f in fields(cls) if f.name not in d]
+    if missing:
+        raise ValueError(f"the {what} lacks {', '.join(missing)}")
+
+
+def _to_json(v: Any) -> Any:
+    if isinstance(v, PluginConfig):
+        return v.to_dict()
+    if isinstance(v, Mapping):
+        return {k: _to_json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_to_json(x) for x in v]
+    return v
