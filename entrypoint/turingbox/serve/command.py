@@ -14,11 +14,7 @@ log = logging.getLogger("turingbox.serve")
 
 
 def _plan_settings() -> tuple[str, ...]:
-    try:
-        from turingbox.plan.command import PLAN_SETTINGS
-    except ImportError:        # the planner is not installed: serve can still run a --plan-file
-        return ()
-    return tuple(PLAN_SETTINGS)
+    return tuple(settings.PLAN_SETTINGS)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -439,11 +439,7 @@ class Controller:
         await self._probe_upstream(base)
 
     async def _prepare_cache(self, plan: Plan) -> dict[str, str]:
-        try:
-            from turingbox.cache.store import prepare_cache
-        except ImportError as exc:
-            log.warning("compile caches not prepared: turingbox.cache.store is not available (%s)", exc)
-            return {}
+        from turingbox.cache.store import prepare_cache
 
         def prepare() -> Any:
             # Recorded in the thread, so a SIGTERM that cancels the wait still finds the copy to remove.
@@ -489,11 +485,7 @@ class Controller:
         log.info("vLLM answers on %s, models %s", base, ids)
 
     async def _active_warmup(self, base: str, model: str) -> None:
-        try:
-            from turingbox.serve.active_warmup import run_active_warmup
-        except ImportError as exc:
-            log.warning("active warmup skipped: turingbox.serve.active_warmup is not available (%s)", exc)
-            return
+        from turingbox.serve.active_warmup import run_active_warmup
         timeout = max(60.0, min(900.0, self.options.startup_timeout_seconds - self.tracker.elapsed()))
         try:
             result = await _in_daemon_thread(run_active_warmup, base, model, self.upstream_key, timeout)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import importlib
 import json
 import os
 import shutil
@@ -32,10 +31,7 @@ class SeedFailed(UsageError):
 
 
 def _plan_settings() -> tuple[str, ...]:
-    try:
-        return tuple(importlib.import_module("turingbox.plan.command").PLAN_SETTINGS)
-    except ImportError:  # planner not installed: warmup then needs --plan-json
-        return ()
+    return tuple(settings.PLAN_SETTINGS)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -184,11 +180,8 @@ def _load_plan(args) -> Plan:
         except (ValueError, TypeError) as exc:
             raise UsageError(f"--plan-json {args.plan_json} is not a turingbox plan ({exc}); write it with "
                              "`turingbox plan --json`.") from None
-    try:
-        planner = importlib.import_module("turingbox.plan.command")
-    except ImportError:
-        raise UsageError("The planner is not installed here; pass --plan-json FILE.") from None
-    return planner.plan_from_args(args)
+    from turingbox.plan.command import plan_from_args   # planning's imports only when it plans
+    return plan_from_args(args)
 
 
 def strict_warmup_problems(worker_status: list[Mapping[str, Any]], tensor_parallel_size: int) -> list[str]:
