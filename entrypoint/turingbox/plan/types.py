@@ -110,3 +110,25 @@ def _to_json(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return [_to_json(x) for x in v]
     return v
+
+
+def load_saved_plan(path: str, flag: str) -> Plan:
+    """A plan saved by `turingbox plan --json` (serve's --plan-file, warmup's --plan-json); a file that is not one
+    is a UsageError naming `flag` and the path."""
+    import json
+
+    from turingbox.errors import UsageError
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path!r} cannot be read ({exc.strerror or exc}).") from None
+    except ValueError as exc:
+        raise UsageError(f"{flag} {path!r} is not valid JSON ({exc}).") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{flag} {path!r} is not a turingbox plan (a JSON object from `turingbox plan --json`).")
+    try:
+        return Plan.from_dict(data)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"{flag} {path!r} is not a turingbox plan ({exc}); write it with "
+                         "`turingbox plan --json`.") from None

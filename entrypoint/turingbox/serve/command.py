@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 
 from turingbox import settings
 from turingbox.errors import UsageError
-from turingbox.plan.types import Plan
+from turingbox.plan.types import Plan, load_saved_plan
 from turingbox.serve.options import SERVE_SETTINGS, ServeOptions
 
 log = logging.getLogger("turingbox.serve")
@@ -30,21 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def load_plan_file(path: str) -> Plan:
-    try:
-        with open(path) as f:
-            plan = json.load(f)
-    except OSError as exc:
-        raise UsageError(f"--plan-file {path!r} cannot be read ({exc.strerror or exc}).") from None
-    except ValueError as exc:
-        raise UsageError(f"--plan-file {path!r} is not valid JSON ({exc}).") from None
-    if not isinstance(plan, dict) or not isinstance(plan.get("vllm_args"), list) \
-            or not all(isinstance(a, str) for a in plan["vllm_args"]):
-        raise UsageError(f"--plan-file {path!r} is not a turingbox plan (it needs a 'vllm_args' list of strings).")
-    try:
-        return Plan.from_dict(plan)
-    except (ValueError, TypeError) as exc:
-        raise UsageError(f"--plan-file {path!r} is not a turingbox plan ({exc}); write it with "
-                         "`turingbox plan --json`.") from None
+    return load_saved_plan(path, "--plan-file")
 
 
 def run(args: argparse.Namespace) -> int:

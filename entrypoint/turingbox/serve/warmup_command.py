@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from turingbox import settings
 from turingbox.cache import store
 from turingbox.errors import UsageError
-from turingbox.plan.types import Plan
+from turingbox.plan.types import Plan, load_saved_plan
 
 STAGE_PREFIX = "turingbox-stage: "
 RESULT_PREFIX = "turingbox-seed-result: "
@@ -168,18 +168,7 @@ def stage(name: str, detail: str = "") -> None:
 
 def _load_plan(args) -> Plan:
     if getattr(args, "plan_json", None):
-        try:
-            with open(args.plan_json, encoding="utf-8") as f:
-                plan = json.load(f)
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"--plan-json {args.plan_json} cannot be read as a plan ({exc.__class__.__name__}).") from None
-        if not isinstance(plan, dict) or "cache_inputs" not in plan:
-            raise UsageError(f"--plan-json {args.plan_json} is not a turingbox plan (no cache_inputs).")
-        try:
-            return Plan.from_dict(plan)
-        except (ValueError, TypeError) as exc:
-            raise UsageError(f"--plan-json {args.plan_json} is not a turingbox plan ({exc}); write it with "
-                             "`turingbox plan --json`.") from None
+        return load_saved_plan(args.plan_json, "--plan-json")
     from turingbox.plan.command import plan_from_args   # planning's imports only when it plans
     return plan_from_args(args)
 
