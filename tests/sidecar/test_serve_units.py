@@ -8,8 +8,8 @@ import pytest
 
 from turingbox.errors import UsageError
 from turingbox.serve import stages
-from turingbox.serve.controller import (cache_is_warm, check_passthrough, flag_value, make_redactor, mask_argv,
-                                        public_plan, vllm_argv, vllm_env, worker_check)
+from turingbox.engine.launch import flag_value, mask_argv, vllm_argv, vllm_env, worker_check
+from turingbox.serve.controller import cache_is_warm, check_passthrough, make_redactor, public_plan
 from turingbox.serve.options import api_key_state
 from turingbox.serve.metrics import route_label
 from turingbox.engine.supervisor import describe_exit

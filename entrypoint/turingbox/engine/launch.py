@@ -5,7 +5,6 @@ they resolved."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import shlex
@@ -167,27 +166,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 def read_workers(runtime_dir: str) -> list[dict]:
-    try:
-        from turingbox_plugin.status import read_worker_status
-    except ImportError:
-        read_worker_status = _read_worker_files
+    """The workers' status files, read by the plugin's own reader (the plugin is a dependency of the appliance)."""
+    from turingbox_plugin.status import read_worker_status   # the plugin's package, only when a start checks it
     return read_worker_status(runtime_dir)
-
-
-def _read_worker_files(runtime_dir: str) -> list[dict]:
-    """Stand-in while turingbox_plugin.status is missing: the same files, read plainly."""
-    out = []
-    try:
-        names = sorted(n for n in os.listdir(runtime_dir) if n.startswith("worker-") and n.endswith(".json"))
-    except OSError:
-        return out
-    for name in names:
-        try:
-            with open(os.path.join(runtime_dir, name)) as f:
-                out.append(json.load(f))
-        except (OSError, ValueError):
-            continue
-    return out
 
 
 def health_client(timeout: float) -> httpx.AsyncClient:

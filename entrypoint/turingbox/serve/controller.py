@@ -35,8 +35,7 @@ import httpx
 import uvicorn
 
 from turingbox import settings
-# Names the sidecar tests and callers used from here before the launcher moved to engine/ stay importable.
-from turingbox.engine.launch import (MASK, SECRET_FLAGS, EngineNotAnswering, flag_value,  # noqa: F401
+from turingbox.engine.launch import (MASK, SECRET_FLAGS, EngineNotAnswering, flag_value,
                                      flag_values, free_loopback_port, health_client, instance_runtime_dir,
                                      mask_argv, own_variables, parent_env, read_workers, vllm_argv, vllm_env,
                                      wait_until_answering, worker_check)

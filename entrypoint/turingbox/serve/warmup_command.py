@@ -19,6 +19,8 @@ from turingbox.cache import store
 from turingbox.errors import UsageError
 from turingbox.plan.types import Plan, load_saved_plan
 
+# the launcher's settings the warmup reads (serve declares and reads the same ones)
+LAUNCHER_SETTINGS = ("vllm_command", "vllm_stop_grace_seconds")
 STAGE_PREFIX = "turingbox-stage: "
 RESULT_PREFIX = "turingbox-seed-result: "
 STAGES = ("plan", "cache", "engine-start", "engine-ready", "strict-warmup", "active-warmup", "engine-stop", "complete")
@@ -188,19 +190,20 @@ def strict_warmup_problems(worker_status: list[Mapping[str, Any]], tensor_parall
 
 
 def run_warmup(args) -> int:
-    values = settings.resolve(store.CACHE_SETTINGS + settings.WARMUP_SETTINGS, args)  # bad input before any work
+    # every setting this command reads, resolved once, before any work (bad input first)
+    values = settings.resolve(store.CACHE_SETTINGS + settings.WARMUP_SETTINGS + LAUNCHER_SETTINGS, args)
     stage("plan")
     plan = _load_plan(args)
     stage("cache")
     session = store.prepare_cache(plan, values["cache_dir"], baked_root=values["baked_cache_dir"],
                                   lock_wait_s=values["cache_lock_wait"])
     try:
-        return _seed(args, plan, session, values["warmup_timeout"])
+        return _seed(args, plan, session, values)
     finally:
         session.close()   # a private/cold copy lives in TMPDIR: never leave it behind
 
 
-def _seed(args, plan: Plan, session: store.CacheSession, timeout: float) -> int:
+def _seed(args, plan: Plan, session: store.CacheSession, values: Mapping[str, Any]) -> int:
     for line in session.status["events"]:
         print(f"turingbox: {line}", flush=True)
     if session.status["result"] == "hit" and session.mode == "shared" and not getattr(args, "seed_only", False):
@@ -210,7 +213,7 @@ def _seed(args, plan: Plan, session: store.CacheSession, timeout: float) -> int:
         return 0
     ok = False
     try:
-        _warm_engine(plan, session, timeout, list(getattr(args, "vllm_passthrough", []) or []))
+        _warm_engine(plan, session, values, list(getattr(args, "vllm_passthrough", []) or []))
         ok = True
     except UsageError:
         raise
@@ -247,8 +250,8 @@ def engine_env(plan: Plan, cache_env: Mapping[str, str], runtime_dir: str) -> di
     return env
 
 
-def _warm_engine(plan: Plan, session: store.CacheSession, timeout: float, passthrough: list[str]) -> None:
-    """Start vLLM with serve's own launcher (controller.vllm_argv + supervisor.Supervisor), wait until
+def _warm_engine(plan: Plan, session: store.CacheSession, values: Mapping[str, Any], passthrough: list[str]) -> None:
+    """Start vLLM with serve's own launcher (turingbox.engine: launch.vllm_argv + supervisor.Supervisor), wait until
     it answers, check the workers' strict warmup, run the active warmup, stop it gracefully.
 
     SIGTERM/SIGINT (a pod or job being stopped) cancel the run, so vLLM's whole process group is
@@ -267,7 +270,7 @@ def _warm_engine(plan: Plan, session: store.CacheSession, timeout: float, passth
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, interrupt, sig)
         try:
-            await _warm_engine_async(plan, session, timeout, passthrough)
+            await _warm_engine_async(plan, session, values, passthrough)
         except asyncio.CancelledError:
             if received:
                 raise SeedFailed(f"Seeding cache entry {session.key} was interrupted by "
@@ -276,16 +279,15 @@ def _warm_engine(plan: Plan, session: store.CacheSession, timeout: float, passth
     asyncio.run(guarded())
 
 
-async def _warm_engine_async(plan: Plan, session, timeout, passthrough) -> None:
+async def _warm_engine_async(plan: Plan, session, values: Mapping[str, Any], passthrough) -> None:
     import tempfile
 
     from turingbox.engine.launch import instance_runtime_dir
-    resolved = settings.resolve(("vllm_command", "vllm_stop_grace_seconds"))
     base = plan.env.get("TURINGBOX_RUNTIME_DIR") or tempfile.gettempdir()
     runtime_dir = instance_runtime_dir(base, "warmup")    # this engine's own: a serve beside it keeps its files
     try:
-        await _run_engine(plan, session, timeout, passthrough, resolved["vllm_command"], runtime_dir,
-                          resolved["vllm_stop_grace_seconds"])
+        await _run_engine(plan, session, values["warmup_timeout"], passthrough, values["vllm_command"], runtime_dir,
+                          values["vllm_stop_grace_seconds"])
     finally:
         shutil.rmtree(runtime_dir, ignore_errors=True)    # the engine is stopped, nothing reads it any more
 
