@@ -46,10 +46,6 @@ def _software() -> dict[str, str]:
     return software_versions()
 
 
-def _explicit(name: str, args: argparse.Namespace | None, env: Mapping[str, str] | None) -> bool:
-    return S.explicit(name, args, env)
-
-
 def _load_model(path: str):
     from turingbox_plugin.errors import ToolError
     where = f"{S.REGISTRY['model'].flag_name}/{S.REGISTRY['model'].env_name} {path}"
@@ -102,7 +98,7 @@ def _plan_demo(inventory, values: dict, args, env: Mapping[str, str] | None, sof
 
     if not values.get("models_dir"):
         raise UsageError("no model is configured and TURINGBOX_MODELS_DIR is empty; set --model or --models-dir.")
-    explicit = _explicit("demo_awq", args, env) or _explicit("demo_layers", args, env)
+    explicit = S.explicit("demo_awq", args, env) or S.explicit("demo_layers", args, env)
     if explicit:
         variants = [(bool(values.get("demo_awq")), values.get("demo_layers"))]
         why = "the demo variant set by TURINGBOX_DEMO_AWQ/TURINGBOX_DEMO_LAYERS"

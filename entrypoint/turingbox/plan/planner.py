@@ -22,7 +22,6 @@ from turingbox.settings import OBJECTIVES, PLANNER_DEFAULTS, REGISTRY
 from turingbox_plugin.model_config import ModelConfig
 
 WORKER_CLS = "turingbox_plugin.worker.TuringboxWorker"
-DEFAULT_MIN_MODEL_LEN = PLANNER_DEFAULTS["min_model_len"]   # the declared default (turingbox.settings)
 CONTEXT_ROUNDING = 256          # a shrunk max_model_len is rounded down to this
 REASONING_PARSER = "qwen3"
 TOOL_PARSER = "qwen3_coder"     # Qwen3.5/3.6 emit Qwen3-Coder style XML tool calls
@@ -230,7 +229,7 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
         want_len = model_max
         len_source = "the model's full context"
     # Shrinking stops at min_model_len (the user's floor), never below what one request needs.
-    floor = max(bound, min(int(s["min_model_len"] or DEFAULT_MIN_MODEL_LEN), want_len))
+    floor = max(bound, min(int(s["min_model_len"]), want_len))
 
     # When memory is tight, a smaller prefill chunk lowers the activation peak (auto only).
     options = [mnbt]
@@ -545,7 +544,7 @@ def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Map
     failures: dict[tuple, BaseException] = {}
     tp_override = s["tensor_parallel_size"]
     if s["objective"] not in OBJECTIVES:
-        raise UsageError(f"--objective/TURINGBOX_OBJECTIVE {s['objective']!r} is invalid: must be one of "
+        raise UsageError(f"{setting_name('objective')} {s['objective']!r} is invalid: must be one of "
                          f"{', '.join(OBJECTIVES)}.")
     if tp_override is not None and len(groups) > 1 and all(int(tp_override) > len(g) for g in groups.values()):
         kinds = " and ".join(f"{len(g)}x {g[0].describe()}" for g in sorted(groups.values(), key=len, reverse=True))
@@ -665,8 +664,8 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             # Must be set before FLA is imported to reuse autotune results (DESIGN: 93 s per start otherwise).
             "TRITON_CACHE_AUTOTUNING": "1",
-            "TURINGBOX_RUNTIME_DIR": str(s["runtime_dir"]),
-            "TURINGBOX_BENCHMARK_MODE": "1" if s["benchmark_mode"] else "0",
+            REGISTRY["runtime_dir"].env_name: str(s["runtime_dir"]),          # PLUGIN_ENV: what the plugin reads
+            REGISTRY["benchmark_mode"].env_name: "1" if s["benchmark_mode"] else "0",
             "VLLM_PLUGINS": None,           # None = remove from the environment (all plugins load)
         },
         vllm_args=(),

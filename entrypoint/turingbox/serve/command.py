@@ -5,15 +5,10 @@ import argparse
 import logging
 
 from turingbox import settings
-from turingbox.errors import UsageError
 from turingbox.plan.types import Plan, load_saved_plan
 from turingbox.serve.options import SERVE_SETTINGS, ServeOptions
 
 log = logging.getLogger("turingbox.serve")
-
-
-def _plan_settings() -> tuple[str, ...]:
-    return tuple(settings.PLAN_SETTINGS)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,10 +17,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Plan for this machine's GPUs, prepare the compile caches, start vLLM on a loopback "
                     "port and serve it through the sidecar on the public port. Arguments after -- go to "
                     "vLLM last and win over the plan.")
-    plan_names = _plan_settings()
+    plan_names = settings.PLAN_SETTINGS
     settings.add_arguments(parser, plan_names)
     settings.add_arguments(parser, [n for n in SERVE_SETTINGS if n not in plan_names])
-    parser.set_defaults(func=run, _plan_settings=plan_names)
+    parser.set_defaults(func=run)
 
 
 def load_plan_file(path: str) -> Plan:
@@ -36,17 +31,14 @@ def run(args: argparse.Namespace) -> int:
     from turingbox.serve.controller import serve
 
     options = ServeOptions.from_settings(settings.resolve(SERVE_SETTINGS, args))
-    plan_names = getattr(args, "_plan_settings", ())
     if options.plan_file:
         plan = load_plan_file(options.plan_file)
 
         def plan_fn() -> Plan:
             return plan
     else:
-        if not plan_names:
-            raise UsageError("The planner (turingbox.plan) is not installed: give --plan-file / TURINGBOX_PLAN_FILE.")
         # Bad values end serve now (exit 2, one sentence) instead of leaving a sidecar that is never ready.
-        settings.resolve(plan_names, args)
+        settings.resolve(settings.PLAN_SETTINGS, args)
 
         def plan_fn() -> Plan:
             from turingbox.plan.command import plan_from_args

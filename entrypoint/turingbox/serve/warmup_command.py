@@ -32,14 +32,10 @@ class SeedFailed(UsageError):
     exit_code = 1
 
 
-def _plan_settings() -> tuple[str, ...]:
-    return tuple(settings.PLAN_SETTINGS)
-
-
 def register(sub: argparse._SubParsersAction) -> None:
-    plan_names = _plan_settings()
-    # One flag per setting even if the planner also lists a cache setting.
-    names = tuple(dict.fromkeys(plan_names + store.CACHE_SETTINGS + settings.WARMUP_SETTINGS))
+    plan_names = settings.PLAN_SETTINGS
+    # the table's groups are disjoint (settings.py checks each name is declared once): one flag per setting
+    names = plan_names + settings.CACHE_SETTINGS + settings.WARMUP_SETTINGS
     warm = sub.add_parser("warmup", help="start the engine with the plan, warm every cache, stop (seeds the cache)",
                           description="Fill the cache entry for this plan. Without --seed-only an entry that is "
                                       "already complete is left alone (exit 0 without starting the engine).")
@@ -47,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="always start the engine, warm (strict + active warmup) and stop, even on a complete entry")
     warm.add_argument("--plan-json", metavar="FILE", help="use a saved plan (turingbox plan --json) instead of planning")
     settings.add_arguments(warm, names)
-    warm.set_defaults(func=run_warmup, plan_names=plan_names)
+    warm.set_defaults(func=run_warmup)
 
     cache_p = sub.add_parser("cache", help="show, verify or seed the compile-cache entries")
     csub = cache_p.add_subparsers(dest="cache_command", metavar="ACTION")
@@ -64,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     seed = csub.add_parser("seed", help="same as `turingbox warmup --seed-only`")
     seed.add_argument("--plan-json", metavar="FILE", help="use a saved plan instead of planning")
     settings.add_arguments(seed, names)
-    seed.set_defaults(func=run_warmup, seed_only=True, plan_names=plan_names)
+    seed.set_defaults(func=run_warmup, seed_only=True)
     cache_p.set_defaults(func=lambda args: (cache_p.print_help(), 2)[1])
 
 
@@ -191,7 +187,7 @@ def strict_warmup_problems(worker_status: list[Mapping[str, Any]], tensor_parall
 
 def run_warmup(args) -> int:
     # every setting this command reads, resolved once, before any work (bad input first)
-    values = settings.resolve(store.CACHE_SETTINGS + settings.WARMUP_SETTINGS + LAUNCHER_SETTINGS, args)
+    values = settings.resolve(settings.CACHE_SETTINGS + settings.WARMUP_SETTINGS + LAUNCHER_SETTINGS, args)
     stage("plan")
     plan = _load_plan(args)
     stage("cache")
