@@ -26,9 +26,12 @@ other=$([ "$ngpu" -ge 2 ] && echo 1 || echo 0)
 one=${LANE_GPU:-$other}     # the GPU of the one-GPU phases (gdn, gdnbench, tools, greedy, clients) in this lane
 # Traffic soak (issue 15; soakseed, soak64, soakawq): tests/gpu/soak.py's knobs, read by the --after hooks too.
 # SOAK_PEER names the phase of the other lane sharing this GPU (soak_gate.sh: starts and stops take turns).
+# SOAK_WORKERS: client loops drawing groups (more offer more load; the semaphore keeps 32 in flight at most);
+# REPLAY_ARGS: soak.py --replay's sample size and concurrency against plain vLLM.
 export SOAK_S=${SOAK_S:-600} SOAK_MIN_REQ=${SOAK_MIN_REQ:-2000} SOAK_MAX_S=${SOAK_MAX_S:-1500} SOAK_SEED=${SOAK_SEED:-15} \
-  SOAK_GATE_S=${SOAK_GATE_S:-900} SOAK_PEER=${SOAK_PEER:-}
-soak_args='--seed $SOAK_SEED --duration $SOAK_S --min-requests $SOAK_MIN_REQ --max-duration $SOAK_MAX_S --out $OUT'
+  SOAK_GATE_S=${SOAK_GATE_S:-900} SOAK_PEER=${SOAK_PEER:-} SOAK_WORKERS=${SOAK_WORKERS:-3} \
+  REPLAY_ARGS=${REPLAY_ARGS:-"--sample 200 --replay-concurrency 4"}
+soak_args='--seed $SOAK_SEED --duration $SOAK_S --min-requests $SOAK_MIN_REQ --max-duration $SOAK_MAX_S --workers $SOAK_WORKERS --out $OUT'
 soak_gate() { [ -z "$SOAK_PEER" ] || echo "bash tests/gpu/soak_gate.sh $SOAK_PEER $1 $SOAK_GATE_S >> \$OUT/soak-gates.txt 2>&1"; }
 soak_limit=$(( SOAK_MAX_S + 2 * SOAK_GATE_S + 2400 ))
 for phase in "$@"; do
@@ -153,13 +156,16 @@ for phase in "$@"; do
               timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo --phase soak64 --gpus $one,$one \
                 --cache /tmp/tbsoak-seeded --plain-cache /tmp/tbsoak-plain --out $R --no-decode --ready-limit 900 \
                 --env TURINGBOX_GPU_MEMORY_UTILIZATION=0.55 --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
-                --tb-after="touch /tmp/session/soak64.serving; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-before.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-before.txt; (for i in 1 2 3 4 5; do sleep 110; curl -s -m 20 http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-mid\$i.txt; done) > /dev/null 2>&1 & python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-after.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-after.txt; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)" \
-                --after='touch /tmp/session/soak64.plain-serving; python3 tests/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:$PLAIN_PORT --out $OUT > $OUT/replay-soak64.txt 2>&1'
+                --env PYTHONPROFILEIMPORTTIME=1 --plain-env PYTHONPROFILEIMPORTTIME=1 \
+                --tb-after="touch /tmp/session/soak64.serving; python3 -m turingbox bench decode --url http://127.0.0.1:\$PROXY_PORT --repeats 3 --max-tokens 256 --json --output \$OUT/bench-decode-soak64.json > \$OUT/bench-decode-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-before.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-before.txt; (for i in 1 2 3 4 5; do sleep 110; curl -s -m 20 http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-mid\$i.txt; done) > /dev/null 2>&1 & python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-after.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-after.txt; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)" \
+                --after='touch /tmp/session/soak64.plain-serving; python3 tests/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:$PLAIN_PORT $REPLAY_ARGS --out $OUT > $OUT/replay-soak64.txt 2>&1'
               touch /tmp/session/soak64.plain-serving
               python3 tests/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
                 > $R/verdict-soak64.txt 2>&1 ;;
     soakawq)  # issue 15: the AWQ demo, cold, at 0.33 of the GPU on other ports: first request check, the same soak
               [ -d /tmp/demo-awq ] || python3 -m turingbox demo-model /tmp/demo-awq --awq
+              # Starts take turns (soak_gate.sh): session 8 started this one once soakseed had sized its KV cache, and
+              # its memory profile counted soak64's 77 GiB, loaded meanwhile, as its own (KV -71.5 GiB): don't.
               [ -z "$SOAK_PEER" ] || bash tests/gpu/soak_gate.sh $SOAK_PEER serving $SOAK_GATE_S >> $R/soak-gates.txt 2>&1
               rm -rf /tmp/tbsoak-awq
               timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo-awq --phase soakawq --gpus $one,$one \

@@ -168,6 +168,8 @@ def main() -> int:
     ap.add_argument("--prefill-lengths", default="2048,4096,8192,16384,32768")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment for turingbox serve (repeatable)")
+    ap.add_argument("--plain-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra environment for plain vLLM (repeatable)")
     ap.add_argument("--after", default="",
                     help="shell command run while the servers are still up (PROXY_PORT, DIRECT_PORT, PLAIN_PORT, MODEL set)")
     ap.add_argument("--tb-after", default="",
@@ -198,7 +200,7 @@ def main() -> int:
                                            "gpu_memory_utilization", "cache_key", "memory")}
     served = plan.get("served_model_name") or plan["model"]
 
-    # Plain vLLM: the plan's argv without turingbox's worker class and config, plugin loading off.
+    # Plain vLLM: the plan's argv without turingbox's worker class, plugin loading off.
     from turingbox.engine.launch import plain_vllm_args
     plain_args = plain_vllm_args(plan["vllm_args"])
     plain_cache = args.plain_cache or args.cache + "-plain"
@@ -210,6 +212,7 @@ def main() -> int:
     for k, v in plan.get("env", {}).items():
         if v is not None and k != "CUDA_VISIBLE_DEVICES" and not k.startswith("TURINGBOX_"):
             env_plain.setdefault(k, v)
+    env_plain.update(kv.split("=", 1) for kv in args.plain_env)
     res["plain_argv"] = plain_args
 
     def start_tb():
