@@ -185,18 +185,103 @@ def _first_step_allows(params: Any, model_config: Any, so_config: Any, tokenizer
     return any(0 <= t < vocab_size and (row[t >> 5] >> (t & 31)) & 1 for t in params.allowed_token_ids)
 
 
+# Where vLLM 0.21.0 settles whether a request's grammar starts at its first output token (AsyncLLM.add_request
+# sets the serving layer's reasoning_ended on the request, then assigns the request id; the engine's structured-
+# output manager reads the same field, or the prompt, vllm/v1/structured_output/__init__.py should_fill_bitmask).
+ADD_REQUEST_SETS_REASONING_ENDED = """        if reasoning_ended is not None:
+            request.reasoning_ended = reasoning_ended"""
+ADD_REQUEST_ASSIGNS_ID = "self.input_processor.assign_request_id(request)"
+
+# reasoning-parser name -> a parser instance (built once, in verify, with the API server's tokenizer)
+_reasoners: dict[str, Any] = {}
+
+
+class _DeadStart:
+    """Left on a request's StructuredOutputsParams by verify (it survives SamplingParams.clone): its allowed ids
+    cannot start the grammar. Whether that is a dead end depends on the prompt, known only later."""
+
+    def __init__(self, n: int, kind: str, reasoning_parser: str) -> None:
+        self.n, self.kind, self.reasoning_parser = n, kind, reasoning_parser
+
+    def __deepcopy__(self, memo: dict) -> "_DeadStart":
+        return self
+
+    def error(self, allowed: Any) -> Exception:
+        from vllm.exceptions import VLLMValidationError
+        return VLLMValidationError(
+            f"allowed_token_ids and structured_outputs leave no token to generate: none of the {self.n} "
+            f"allowed ids can start the {self.kind} output.",
+            parameter="allowed_token_ids", value=allowed)
+
+
+def _reasoner(name: str, tokenizer: Any) -> Any:
+    if name not in _reasoners:
+        from vllm.reasoning import ReasoningParserManager
+        _reasoners[name] = ReasoningParserManager.get_reasoning_parser(name)(tokenizer=tokenizer)
+    return _reasoners[name]
+
+
+def _grammar_starts_at_first_token(request: Any, dead: _DeadStart) -> bool:
+    """vLLM's own rule: with a reasoning parser the grammar waits until reasoning has ended. The chat server
+    says whether the prompt ended it (request.reasoning_ended); otherwise the engine reads the prompt."""
+    if request.reasoning_ended is not None:
+        return bool(request.reasoning_ended)
+    reasoner = _reasoners.get(dead.reasoning_parser)
+    return reasoner is None or bool(reasoner.is_reasoning_end(request.prompt_token_ids or []))
+
+
+_gate = {"state": None}          # None: not tried yet; then "applied" or "skipped: why" (_add_request_gate)
+
+
+def _add_request_gate() -> str:
+    """Wrap InputProcessor.assign_request_id, which AsyncLLM.add_request calls once the request's prompt and
+    reasoning_ended are set: there a deferred dead start is refused or let through. Installed on the first
+    request that needs it (the API server has imported AsyncLLM by then; the engine core never pays for it)."""
+    if _gate["state"] is not None:
+        return _gate["state"]
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    try:
+        source = inspect.getsource(AsyncLLM.add_request)
+    except (OSError, TypeError):
+        source = ""
+    if not (ADD_REQUEST_SETS_REASONING_ENDED in source and ADD_REQUEST_ASSIGNS_ID in source
+            and source.index(ADD_REQUEST_SETS_REASONING_ENDED) < source.index(ADD_REQUEST_ASSIGNS_ID)):
+        _gate["state"] = "skipped: AsyncLLM.add_request is not vLLM 0.21.0's"
+        log.warning("turingbox allowed_vs_grammar: %s; such requests are refused whatever the prompt",
+                    _gate["state"])
+        return _gate["state"]
+    assign_request_id = InputProcessor.assign_request_id     # a staticmethod: the plain function
+
+    def checked_assign_request_id(request: Any) -> None:
+        so = getattr(getattr(request, "sampling_params", None), "structured_outputs", None)
+        dead = getattr(so, "_turingbox_dead_start", None)
+        if dead is not None and _grammar_starts_at_first_token(request, dead):
+            raise dead.error(request.sampling_params.allowed_token_ids)
+        return assign_request_id(request)
+
+    checked_assign_request_id.__wrapped__ = assign_request_id    # type: ignore[attr-defined]
+    InputProcessor.assign_request_id = staticmethod(checked_assign_request_id)
+    _gate["state"] = "applied"
+    return _gate["state"]
+
+
 def fix_allowed_vs_grammar() -> str:
     """A request whose allowed_token_ids and structured output leave no first token is a 400, not a 500.
 
     vLLM 0.21 accepts the pair, the sampler's row is all -inf, the engine samples id 0, the grammar rejects
     it and the API server answers 500 (kin to vllm#53665, min_tokens). Applied in the API-server process:
     after vLLM's own `SamplingParams.verify` (which resolves the backend), a request with both parameters
-    and the xgrammar backend gets its grammar compiled by vLLM's own XgrammarBackend on CPU, and when the
-    first grammar step (the first output token, or the first after reasoning ends: the grammar starts in
-    the same state) permits none of the allowed ids, verify raises VLLMValidationError
-    (parameter="allowed_token_ids"), which the server maps to 400. Only the first step is checked: a later
-    dead end still ends as vLLM ends it. Any other failure of the check is logged at debug and the request
-    proceeds as before. Other backends (guidance, outlines) are not checked.
+    and the xgrammar backend gets its grammar compiled by vLLM's own XgrammarBackend on CPU. When the
+    grammar's first step permits none of the allowed ids, the request is refused with VLLMValidationError
+    (parameter="allowed_token_ids"), which the server maps to 400 — if the grammar starts at the first output
+    token. With a reasoning parser (and not enable_in_reasoning) vLLM applies the grammar only once reasoning
+    has ended: a prompt that leaves reasoning open (thinking on, or a raw completions prompt) is generated
+    unconstrained by the grammar and vLLM answers 200, so such a request proceeds. That is decided where vLLM
+    decides it, in `AsyncLLM.add_request` once the prompt is rendered (`_add_request_gate`).
+    Only the first step is checked: a later dead end still ends as vLLM ends it. Any other failure of the check
+    is logged at debug and the request proceeds as before. Other backends (guidance, outlines) are not checked.
     """
     from vllm.sampling_params import SamplingParams
 
@@ -204,8 +289,6 @@ def fix_allowed_vs_grammar() -> str:
         return "applied"
     if not _unchanged(SamplingParams.verify, VERIFY_VALIDATES_STRUCTURED):
         return "skipped: SamplingParams.verify is not vLLM 0.21.0's"
-    from vllm.exceptions import VLLMValidationError
-
     verify = SamplingParams.verify
 
     def checked_verify(self: Any, model_config: Any, speculative_config: Any, structured_outputs_config: Any,
@@ -215,17 +298,21 @@ def fix_allowed_vs_grammar() -> str:
         if not (kind and self.allowed_token_ids and tokenizer is not None and structured_outputs_config
                 and self.structured_outputs._backend == "xgrammar"):
             return
+        parser = structured_outputs_config.reasoning_parser
+        deferred = bool(parser) and not structured_outputs_config.enable_in_reasoning
         try:
-            allows = _first_step_allows(self, model_config, structured_outputs_config, tokenizer)
+            if _first_step_allows(self, model_config, structured_outputs_config, tokenizer):
+                return
+            if deferred:
+                _reasoner(parser, tokenizer)
+                deferred = _add_request_gate() == "applied"
         except Exception:  # the check is an aid: whatever it trips on, vLLM proceeds as it would have
             log.debug("turingbox allowed_token_ids/structured_outputs check failed; not checked", exc_info=True)
             return
-        if not allows:
-            n = len(self.allowed_token_ids)
-            raise VLLMValidationError(
-                f"allowed_token_ids and structured_outputs leave no token to generate: none of the {n} "
-                f"allowed ids can start the {kind} output.",
-                parameter="allowed_token_ids", value=self.allowed_token_ids)
+        dead = _DeadStart(len(self.allowed_token_ids), kind, parser or "")
+        if not deferred:
+            raise dead.error(self.allowed_token_ids)       # the grammar starts at the first token: refuse now
+        self.structured_outputs._turingbox_dead_start = dead
 
     checked_verify.__wrapped__ = verify          # type: ignore[attr-defined]
     SamplingParams.verify = checked_verify

@@ -37,6 +37,8 @@ out = {}
 original_verify = SamplingParams.verify
 if mode == "moved":
     vllm_fixes.VERIFY_VALIDATES_STRUCTURED = "self._validate_structured_outputs_moved(cfg, tok)"
+if mode == "gate_moved":    # AsyncLLM.add_request no longer assigns the id after setting reasoning_ended
+    vllm_fixes.ADD_REQUEST_ASSIGNS_ID = "self.input_processor.assign_request_id_moved(request)"
 if mode != "unpatched":
     out["applied"] = vllm_fixes.fix_allowed_vs_grammar()
     out["applied_again"] = vllm_fixes.fix_allowed_vs_grammar()
@@ -81,5 +83,43 @@ vllm_fixes._xgrammar_backends.clear()
 out["allowed_only"] = verify(allowed_token_ids=NO_JSON)
 out["structured_only"] = verify(structured_outputs=so(json=SCHEMA))
 out["untouched_compiled"] = len(vllm_fixes._xgrammar_backends)   # neither compiled a grammar here
+
+# With a reasoning parser (the appliance's qwen3) vLLM applies the grammar only once reasoning has ended:
+# verify leaves the decision to add_request, where the real InputProcessor.assign_request_id sees the prompt.
+from vllm.v1.engine import EngineCoreRequest  # noqa: E402
+from vllm.v1.engine.input_processor import InputProcessor  # noqa: E402
+
+vllm_fixes._WAIT_FOR_BACKEND = True
+so_reasoning = StructuredOutputsConfig(backend="auto", reasoning_parser="qwen3")
+THINK, END_THINK = (tok.convert_tokens_to_ids(t) for t in ("<think>", "</think>"))
+PROMPT = tok.encode("hello there", add_special_tokens=False)
+
+
+def add_request(reasoning_ended, prompt, allowed=NO_JSON):
+    """vLLM's order in AsyncLLM.add_request: verify (inside process_inputs), clone, reasoning_ended, assign id."""
+    params = SamplingParams(max_tokens=16, allowed_token_ids=allowed, structured_outputs=so(json=SCHEMA))
+    try:
+        params.verify(model_config, None, so_reasoning, tok)
+        request = EngineCoreRequest(request_id="r1", prompt_token_ids=prompt, mm_features=None,
+                                    sampling_params=params.clone(), pooling_params=None, arrival_time=0.0,
+                                    lora_request=None, cache_salt=None, data_parallel_rank=None)
+        if reasoning_ended is not None:
+            request.reasoning_ended = reasoning_ended
+        InputProcessor.assign_request_id(request)
+    except VLLMValidationError as exc:
+        return {"error": str(exc), "parameter": exc.parameter}
+    return {"error": None, "request_id": request.request_id, "external_req_id": request.external_req_id}
+
+
+if mode in ("patched", "gate_moved"):
+    out["reasoning"] = {
+        "chat_thinking_off": add_request(True, PROMPT + [THINK, END_THINK]),   # the chat server: ended
+        "chat_thinking_on": add_request(False, PROMPT + [THINK]),              # the chat server: still open
+        "completions_open": add_request(None, PROMPT),                          # the engine reads the prompt
+        "completions_ended": add_request(None, PROMPT + [THINK, END_THINK]),
+        "with_brace_ended": add_request(True, PROMPT, allowed=NO_JSON + BRACE),
+    }
+    out["think_ids"] = [THINK, END_THINK]
+    out["gate"] = vllm_fixes._gate["state"]
 out["cuda_initialised"] = torch.cuda.is_initialized()
 print(json.dumps(out))

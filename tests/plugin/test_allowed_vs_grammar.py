@@ -75,6 +75,29 @@ def test_either_parameter_alone_is_untouched(run):
     assert out["untouched_compiled"] == 0           # no grammar compiled by the check for either
 
 
+def test_with_a_reasoning_parser_only_a_prompt_that_ended_reasoning_is_refused(run):
+    # vLLM applies the grammar after reasoning ends; with reasoning open it answers 200 (session 8's replay:
+    # thinking-on chat and raw completions prompts), so turingbox must not refuse those
+    out = run("patched")
+    r = out["reasoning"]
+    assert out["gate"] == "applied"
+    assert all(isinstance(t, int) and t >= 0 for t in out["think_ids"])
+    for ended in ("chat_thinking_off", "completions_ended"):
+        assert r[ended]["parameter"] == "allowed_token_ids", ended
+        assert "none of the 19 allowed ids can start the json output" in r[ended]["error"]
+    for open_ in ("chat_thinking_on", "completions_open", "with_brace_ended"):
+        assert r[open_]["error"] is None, open_
+        assert r[open_]["external_req_id"] == "r1" and r[open_]["request_id"].startswith("r1")
+
+
+def test_when_add_request_changed_the_check_refuses_at_verify_as_before(run):
+    out = run("gate_moved")
+    assert out["gate"].startswith("skipped: AsyncLLM.add_request")
+    assert all(r["parameter"] == "allowed_token_ids" for name, r in out["reasoning"].items()
+               if name != "with_brace_ended")
+    assert out["reasoning"]["with_brace_ended"]["error"] is None
+
+
 def test_fix_steps_aside_when_verify_changed(run):
     out = run("moved")
     assert out["applied"].startswith("skipped:") and out["applied_again"].startswith("skipped:")
