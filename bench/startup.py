@@ -231,6 +231,14 @@ class Bench:
         self.vllm_program = shlex.split(a.vllm_command) if a.vllm_command else \
             [sys.executable, "-m", "vllm.entrypoints.cli.main"]
         self.tb_args = shlex.split(a.turingbox_args)
+        # A variant (issue 18's A/B): vLLM flags for both servers (turingbox passes them after `--`) and environment
+        # for both servers' vLLM.
+        self.vllm_args = shlex.split(a.vllm_args)
+        self.tb_passthrough = ["--", *self.vllm_args] if self.vllm_args else []
+        self.extra_env = dict(kv.split("=", 1) for kv in a.env)
+
+    def variant(self) -> dict:
+        return {"vllm_args": self.vllm_args, "env": self.extra_env}
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.work, *parts)
@@ -240,6 +248,7 @@ class Bench:
         os.makedirs(home, exist_ok=True)
         env.update(HOME=home, XDG_CACHE_HOME=os.path.join(home, ".cache"), CUDA_VISIBLE_DEVICES=gpu,
                    PYTHONUNBUFFERED="1", TRITON_PRINT_AUTOTUNING="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+        env.update(self.extra_env)
         return env
 
     def tb_env(self, gpu: str, root: str, tag: str) -> dict:
@@ -273,7 +282,8 @@ class Bench:
     def plain_argv(self, plan: dict, port: int) -> list[str]:
         """The plan's vLLM argv without turingbox's worker class and additional config (the one launcher's)."""
         from turingbox.engine.launch import plain_vllm_args
-        return [*self.vllm_program, *plain_vllm_args(plan["vllm_args"]), "--host", "127.0.0.1", "--port", str(port)]
+        return [*self.vllm_program, *plain_vllm_args(plan["vllm_args"]), "--host", "127.0.0.1", "--port", str(port),
+                *self.vllm_args]
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -289,7 +299,7 @@ class Bench:
     def start_turingbox(self, gpu: str, root: str, phase: str) -> tuple[Run, dict]:
         port, upstream = free_port(), free_port()
         argv = [sys.executable, "-m", "turingbox", "serve", "--host", "127.0.0.1", "--port", str(port),
-                "--upstream-port", str(upstream), *self.tb_args]
+                "--upstream-port", str(upstream), *self.tb_args, *self.tb_passthrough]
         run = Run("turingbox", argv, self.tb_env(gpu, root, phase), self.path("logs", f"{phase}-turingbox.log"))
         return run, {"upstream_port": upstream, "ready_checks": [(port, "/health/ready")], "request_port": port}
 
@@ -328,7 +338,7 @@ class Bench:
         for name, r in results.items():
             log(f"{phase}/{name}: ready {r.get('ready_s')} s, first TTFT {r.get('first_ttft_s')} s, "
                 f"signals {r.get('log_signals')}")
-        return {"parallel": parallel, **results}
+        return {"parallel": parallel, "variant": self.variant(), **results}
 
     def phase_empty(self, plan: dict) -> dict:
         for d in ("plain-home", "tb-empty-root"):
@@ -340,7 +350,7 @@ class Bench:
         shutil.rmtree(root, ignore_errors=True)
         env = self.tb_env(self.gpus[0], root, "seed")
         argv = [sys.executable, "-m", "turingbox", "warmup", "--seed-only",
-                "--warmup-timeout", str(max(60, int(self.remaining() - 30))), *self.tb_args]
+                "--warmup-timeout", str(max(60, int(self.remaining() - 30))), *self.tb_args, *self.tb_passthrough]
         run = Run("seed", argv, env, self.path("logs", "seed-turingbox.log"))
         try:
             run.proc.wait(timeout=max(10.0, self.remaining() - 10))
@@ -356,7 +366,7 @@ class Bench:
         else:
             res["last_lines"] = [l for _, l in run.lines[-15:]]
         log(f"seed: exit {res['exit']} after {res['seconds']} s")
-        return {"turingbox": res}
+        return {"variant": self.variant(), "turingbox": res}
 
     def phase_seeded(self, plan: dict) -> dict:
         if not os.path.isdir(self.path("seed-root")):
@@ -473,6 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget of this invocation")
     p.add_argument("--vllm-command", default=None, help="program for vLLM (tests: a stand-in)")
     p.add_argument("--turingbox-args", default="", help="extra flags for turingbox plan/serve/warmup")
+    p.add_argument("--vllm-args", default="",
+                   help="extra vLLM flags for both servers (turingbox passes them after --), e.g. --vllm-args=--language-model-only")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for both servers (repeatable), e.g. VLLM_WORKER_MULTIPROC_METHOD=fork")
     p.add_argument("--only", choices=SERVERS, help="run only one of the two servers")
     p.add_argument("--copy-logs", action="store_true", help="also copy the logs to <out>/startup-logs")
     a = p.parse_args(argv)

@@ -1,5 +1,6 @@
 """Fixes to vLLM 0.21.0 behaviour that a client can trigger, applied in the worker process (`apply_all`),
-except `fix_allowed_vs_grammar`, a request validation applied in the API server (`apply_api_server`).
+and two patches applied in the API server (`apply_api_server`): `fix_allowed_vs_grammar`, a request
+validation, and `skip_text_only_model_import`, a startup shortcut for `--language-model-only`.
 
 Each fix names the upstream report, checks that vLLM's source still contains the code it corrects (so a vLLM
 upgrade makes it step aside, logged, instead of patching code it does not know), and is idempotent.
@@ -320,24 +321,66 @@ def fix_allowed_vs_grammar() -> str:
     return "applied"
 
 
+# vLLM 0.21.0's MultiModalRegistry.supports_multimodal_inputs: it builds the model's processing info (importing
+# the model class) before it looks at the limits, and with every limit 0 it answers False unless mm embeds are on.
+MM_CHECK_LIMITS_AFTER_IMPORT = ("info = self._create_processing_info(model_config, tokenizer=None)",
+                                "mm_config.get_limit_per_prompt(modality) == 0",
+                                "if mm_config.enable_mm_embeds:")
+
+
+def skip_text_only_model_import() -> str:
+    """`--language-model-only` answers "no multimodal inputs" without importing the model class.
+
+    vLLM's API server asks `supports_multimodal_inputs` while it builds its renderer and input processor. For an
+    architecture registered as multimodal (Qwen3.5/3.6) that imports the model module first: qwen3_5, qwen3_vl,
+    FLA's GDN ops, transformers' Qwen-VL modules. FLA runs `torch.cuda.get_device_name(0)` at import, so the API
+    server, which never runs the model, initialises CUDA; vLLM must then spawn its engine core (a fresh
+    interpreter that imports everything again) instead of forking it (docs/startup.md). With
+    `language_model_only` every modality's limit is 0 (MultiModalConfig.get_limit_per_prompt), so vLLM's answer
+    is False whatever the model supports, unless `enable_mm_embeds`: this returns that False before the import.
+    Other configurations go to vLLM's method unchanged.
+    """
+    from vllm.multimodal.registry import MultiModalRegistry
+
+    if getattr(MultiModalRegistry, "_turingbox_text_only", False):
+        return "applied"
+    original = MultiModalRegistry.supports_multimodal_inputs
+    if not all(_unchanged(original, needle) for needle in MM_CHECK_LIMITS_AFTER_IMPORT):
+        return "skipped: MultiModalRegistry.supports_multimodal_inputs is not vLLM 0.21.0's"
+
+    def supports_multimodal_inputs(self: Any, model_config: Any) -> bool:
+        if model_config.is_multimodal_model:
+            mm_config = model_config.get_multimodal_config()
+            if mm_config.language_model_only and not mm_config.enable_mm_embeds:
+                return False
+        return original(self, model_config)
+
+    supports_multimodal_inputs.__wrapped__ = original     # type: ignore[attr-defined]
+    MultiModalRegistry.supports_multimodal_inputs = supports_multimodal_inputs
+    MultiModalRegistry._turingbox_text_only = True
+    return "applied"
+
+
+API_SERVER_FIXES: dict[str, Callable[[], str]] = {"allowed_vs_grammar": fix_allowed_vs_grammar,
+                                                  "text_only_model_import": skip_text_only_model_import}
+
+
 def apply_api_server() -> dict[str, str]:
     """The fixes that belong in the API-server process (called from register()); never raises."""
-    try:
-        out = {"allowed_vs_grammar": fix_allowed_vs_grammar()}
-    except Exception as exc:
-        out = {"allowed_vs_grammar": f"failed: {type(exc).__name__}: {exc}"}
-    if out["allowed_vs_grammar"] != "applied":
-        log.warning("turingbox vLLM fix allowed_vs_grammar not applied (%s)", out["allowed_vs_grammar"])
-    return out
+    return _apply(API_SERVER_FIXES)
 
 
 FIXES: dict[str, Callable[[], str]] = {"mask_rows": fix_mask_rows, "logprobs_ids": fix_logprobs_ids}
 
 
 def apply_all() -> dict[str, str]:
-    """Apply every fix; {name: "applied" | "skipped: why" | "failed: why"}. Never raises."""
+    """Apply every worker fix; {name: "applied" | "skipped: why" | "failed: why"}. Never raises."""
+    return _apply(FIXES)
+
+
+def _apply(fixes: dict[str, Callable[[], str]]) -> dict[str, str]:
     out: dict[str, str] = {}
-    for name, fix in FIXES.items():
+    for name, fix in fixes.items():
         try:
             out[name] = fix()
         except Exception as exc:  # an import that moved: vLLM keeps running unpatched, and we say so

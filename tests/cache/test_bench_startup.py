@@ -16,13 +16,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 ENGINE = os.path.join(REPO, "tests", "cache", "engine_filling_caches.py")
 
 
-def bench(tmp_path, phase):
+def bench(tmp_path, phase, *extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TURINGBOX_", "FAKE_VLLM_"))}
     env.update(FAKE_VLLM_STAGE_SECONDS="0.1", TURINGBOX_ACTIVE_WARMUP="0")
     return subprocess.run([sys.executable, os.path.join(REPO, "bench", "startup.py"), "--phase", phase,
                            "--model", str(tmp_path / "model"), "--gpus", "0,1", "--work", str(tmp_path / "work"),
                            "--out", str(tmp_path / "out"), "--budget-s", "60",
-                           "--vllm-command", f"{sys.executable} {ENGINE}", "--turingbox-args", f"--gpus-json {H200}"],
+                           "--vllm-command", f"{sys.executable} {ENGINE}", "--turingbox-args", f"--gpus-json {H200}", *extra],
                           capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
 
 
@@ -71,3 +71,19 @@ def test_phases_out_of_order_say_what_to_run_first(tmp_path):
     (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
     r = bench(tmp_path, "seeded")
     assert r.returncode != 0 and "run the seed phase first" in r.stderr
+
+
+def test_a_variant_reaches_both_servers_vllm(tmp_path):
+    # issue 18's A/B: the same vLLM flag for plain vLLM and for turingbox (after --), the same environment
+    # (here the stand-in's event file, so that the environment shows it arrived)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    events = tmp_path / "events.jsonl"
+    r = bench(tmp_path, "empty", "--vllm-args=--language-model-only", "--env", f"FAKE_VLLM_EVENTS={events}")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    phase = json.load(open(tmp_path / "out" / "startup.json"))["phases"]["empty"]
+    assert phase["variant"] == {"vllm_args": ["--language-model-only"], "env": {"FAKE_VLLM_EVENTS": str(events)}}
+    started = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "started"]
+    assert len(started) == 2                                   # plain vLLM and turingbox's vLLM
+    assert all(e["argv"][-1] == "--language-model-only" for e in started)
+    assert sum("--worker-cls" in e["argv"] for e in started) == 1
