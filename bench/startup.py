@@ -427,13 +427,20 @@ def criteria(phases: dict) -> dict:
     return out
 
 
+def phase_key(phase: str, label: str) -> str:
+    """Where a phase's result is kept: a labelled variant beside the baseline, never over it."""
+    return f"{phase}+{label}" if label else phase
+
+
 def chart(phases: dict, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     bars = []          # (label, stages dict, total, first ttft)
-    for phase in ("empty", "seeded", "warm"):
+    order = ("empty", "seeded", "warm")
+    shown = [k for k in phases if k.split("+")[0] in order]          # labelled variants after their phase
+    for phase in sorted(shown, key=lambda k: (order.index(k.split("+")[0]), k)):
         for server in SERVERS:
             r = (phases.get(phase) or {}).get(server)
             if r:
@@ -487,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="extra vLLM flags for both servers (turingbox passes them after --), e.g. --vllm-args=--language-model-only")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for both servers (repeatable), e.g. VLLM_WORKER_MULTIPROC_METHOD=fork")
+    p.add_argument("--label", default="", help="keep this run's result as PHASE+LABEL (a variant beside the baseline)")
     p.add_argument("--only", choices=SERVERS, help="run only one of the two servers")
     p.add_argument("--copy-logs", action="store_true", help="also copy the logs to <out>/startup-logs")
     a = p.parse_args(argv)
@@ -502,9 +510,10 @@ def main(argv: list[str] | None = None) -> int:
         phase_result = getattr(bench, f"phase_{a.phase}")(plan)
         phase_result["wall_s"] = round(time.monotonic() - t0, 1)
         phase_result["date"] = time.strftime("%Y-%m-%d %H:%M:%S")
-        results["phases"][a.phase] = phase_result
+        results["phases"][phase_key(a.phase, a.label)] = phase_result
     bench.save(results)
-    print(json.dumps({"phase": a.phase, "result": results["phases"].get(a.phase), "criteria": results["criteria"]},
+    key = phase_key(a.phase, a.label)
+    print(json.dumps({"phase": key, "result": results["phases"].get(key), "criteria": results["criteria"]},
                      indent=1, default=str))
     return 0
 

@@ -79,9 +79,12 @@ def test_a_variant_reaches_both_servers_vllm(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
     events = tmp_path / "events.jsonl"
-    r = bench(tmp_path, "empty", "--vllm-args=--language-model-only", "--env", f"FAKE_VLLM_EVENTS={events}")
+    r = bench(tmp_path, "empty", "--vllm-args=--language-model-only", "--env", f"FAKE_VLLM_EVENTS={events}",
+              "--label", "lmo")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    phase = json.load(open(tmp_path / "out" / "startup.json"))["phases"]["empty"]
+    phases = json.load(open(tmp_path / "out" / "startup.json"))["phases"]
+    assert list(phases) == ["empty+lmo"]                       # kept beside the baseline's "empty", not over it
+    phase = phases["empty+lmo"]
     assert phase["variant"] == {"vllm_args": ["--language-model-only"], "env": {"FAKE_VLLM_EVENTS": str(events)}}
     started = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "started"]
     assert len(started) == 2                                   # plain vLLM and turingbox's vLLM
