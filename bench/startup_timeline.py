@@ -7,6 +7,11 @@ start; a milestone missing from the log (another vLLM version) leaves its step o
 
   python3 bench/startup_timeline.py docs/data/2026-12-02-h200-s7/turingbox-soak64.log.gz \
       --json docs/data/2026-12-02-h200-s7/startup-timeline-soak64.json --png docs/img/startup-timeline-s7.png
+
+A plain `vllm serve` log has no sidecar lines to give the year and the start: pass --t0 (when the harness
+started the process) and --ready-s (when the harness saw it ready); the same two put the sidecar's own
+start-up (Python and its imports, before its first line) into a turingbox log's first step.
+Two logs side by side, one PNG (see bench/startup_side_by_side.py).
 """
 from __future__ import annotations
 
@@ -21,63 +26,84 @@ SIDECAR = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 VLLM = re.compile(r"^\((APIServer|EngineCore)[^)]*\) \w+ (\d\d-\d\d \d\d:\d\d:\d\d) ")
 
 # (step name ending at this milestone, process, pattern); in the order a start prints them
+# The two "registry.py" steps were named "processor + tokenizer" until session 8: with every multimodal limit at 0
+# no HF processor is built; the ~9 s are the tokenizer (~2 s) and importing the model module (qwen3_5, FLA),
+# in the engine core after the worker's own imports (research report of session 8, docs/startup.md).
 MILESTONES = [
+    ("sidecar Python start + imports (turingbox)", "sidecar", r"sidecar listening"),
     ("planning (turingbox)", "sidecar", r"starting vLLM: "),
     ("vLLM CLI + API-server imports", "APIServer", r"non-default args"),
-    ("API server: model config, processor + tokenizer", "APIServer", r"running in text-only mode|registry\.py"),
+    ("API server: config, tokenizer + model-module import", "APIServer", r"running in text-only mode|registry\.py"),
     ("engine-core process spawn + imports", "EngineCore", r"Initializing a V1 LLM engine"),
-    ("engine core: processor + tokenizer again", "EngineCore", r"running in text-only mode|registry\.py"),
+    ("engine core: worker + model-module imports, tokenizer", "EngineCore",
+     r"running in text-only mode|registry\.py"),
     ("distributed init, sampler", "EngineCore", r"Starting to load model"),
     ("weights (dummy) + drafter", "EngineCore", r"Model loading took"),
     ("torch.compile from the cache (model + drafter)", "EngineCore", r"torch\.compile took .* in total"),
     ("KV cache profiling", "EngineCore", r"Available KV cache memory"),
     ("CUDA graph capture", "EngineCore", r"Graph capturing finished"),
     ("strict warmup (plugin)", "EngineCore", r"turingbox warmup: \d+ kernels"),
+    ("engine handshake, API server routes + chat template", "APIServer", r"Starting vLLM server on"),
     ("active warmup + checks (turingbox)", "sidecar", r"stage: warming -> ready"),
 ]
+RECOMPILED = re.compile(r"Compiling a graph for compile range|saved AOT compiled function")
 
 
-def parse(lines: list[str]) -> dict:
-    year = None
-    events: list[tuple[float, str, str]] = []   # (epoch seconds, process, text)
-    for line in lines:
+def parse(lines: list[str], t0: str | None = None, ready_s: float | None = None) -> dict:
+    """Steps of one start. t0 ("2026-12-02 05:06:37.4"): when the process was started, if the log does not
+    say (plain vLLM); ready_s: seconds from t0 to ready as the harness measured it (adds a last step)."""
+    start = dt.datetime.fromisoformat(t0) if t0 else None
+    year = start.year if start else None
+    events: list[tuple[float, str, str, int]] = []   # (epoch seconds, process, text, line index)
+    for n, line in enumerate(lines):
         m = SIDECAR.match(line)
         if m:
             t = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
             year = t.year
-            events.append((t.timestamp(), "sidecar", line))
+            events.append((t.timestamp(), "sidecar", line, n))
             continue
         m = VLLM.match(line)
         if m and year:
             t = dt.datetime.strptime(f"{year}-{m.group(2)}", "%Y-%m-%d %H:%M:%S")
-            events.append((t.timestamp(), m.group(1), line))
+            events.append((t.timestamp(), m.group(1), line, n))
     if not events:
         print("startup_timeline: no timestamped turingbox/vLLM lines in the log.", file=sys.stderr)
         raise SystemExit(2)
-    t0 = events[0][0]
-    steps, last, i = [], t0, 0
+    t_start = start.timestamp() if start else events[0][0]
+    recompiled = any(RECOMPILED.search(e[2]) for e in events)
+    steps, last, i = [], t_start, 0
     for name, proc, pat in MILESTONES:
         rx = re.compile(pat)
         for j in range(i, len(events)):
-            t, p, text = events[j]
+            t, p, text, n = events[j]
             if p == proc and rx.search(text):
                 if name.startswith("torch.compile"):   # the model's, then the drafter's: the step ends at the last one
                     k = next((k for k in range(j + 1, len(events)) if events[k][1] == proc
                               and rx.search(events[k][2])), None)
                     if k is not None and not any(re.search(r"Available KV cache", e[2]) for e in events[j:k]):
-                        j, t = k, events[k][0]
-                steps.append({"step": name, "process": proc, "start_s": round(last - t0, 1),
-                              "seconds": round(t - last, 1)})
+                        j, t, n = k, events[k][0], events[k][3]
+                    if recompiled:
+                        name = "torch.compile, recompiled: cache miss (model + drafter)"
+                if j == 0 and not start:       # the log's first line starts the clock: no step before it
+                    last, i = t, j + 1
+                    break
+                steps.append({"step": name, "process": proc, "start_s": round(last - t_start, 1),
+                              "seconds": round(t - last, 1), "end_line": n + 1})
                 last, i = t, j + 1
                 break
-    return {"t0": dt.datetime.fromtimestamp(t0).isoformat(), "ready_s": round(last - t0, 1), "steps": steps}
+    if ready_s is not None and t_start + ready_s > last:
+        steps.append({"step": "until the harness saw ready", "process": "harness", "start_s": round(last - t_start, 1),
+                      "seconds": round(t_start + ready_s - last, 1), "end_line": None})
+        last = t_start + ready_s
+    return {"t0": dt.datetime.fromtimestamp(t_start).isoformat(), "ready_s": round(last - t_start, 1),
+            "recompiled": recompiled, "steps": steps}
 
 
 def chart(result: dict, path: str, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    colors = {"sidecar": "#4c72b0", "APIServer": "#dd8452", "EngineCore": "#55a868"}
+    colors = {"sidecar": "#4c72b0", "APIServer": "#dd8452", "EngineCore": "#55a868", "harness": "#8c8c8c"}
     fig, ax = plt.subplots(figsize=(12, 0.42 * len(result["steps"]) + 1.4))
     for n, s in enumerate(result["steps"]):
         ax.barh(n, s["seconds"], left=s["start_s"], color=colors[s["process"]])
@@ -88,7 +114,8 @@ def chart(result: dict, path: str, title: str) -> None:
     ax.set_xlim(0, result["ready_s"] * 1.45)
     ax.set_title(title, fontsize=10)
     from matplotlib.patches import Patch
-    names = {"sidecar": "turingbox", "APIServer": "vLLM API server", "EngineCore": "vLLM engine core"}
+    names = {"sidecar": "turingbox", "APIServer": "vLLM API server", "EngineCore": "vLLM engine core",
+             "harness": "harness"}
     ax.legend(handles=[Patch(color=c, label=names[p]) for p, c in colors.items()], loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -100,10 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--png")
     ap.add_argument("--title", default="")
+    ap.add_argument("--t0", help="when the process was started, e.g. '2026-12-02 05:06:37.4' (plain vLLM logs)")
+    ap.add_argument("--ready-s", type=float, help="seconds from --t0 to ready, as the harness measured it")
     a = ap.parse_args(argv)
     opener = gzip.open if a.log.endswith(".gz") else open
     with opener(a.log, "rt", errors="replace") as f:
-        result = parse(f.readlines())
+        result = parse(f.readlines(), a.t0, a.ready_s)
     result["log"] = a.log
     if a.json:
         with open(a.json, "w") as f:

@@ -15,15 +15,35 @@ def test_session7_seeded_start_timeline(tmp_path):
                    check=True, capture_output=True, text=True, timeout=120)
     r = json.loads(out.read_text())
     steps = {s["step"]: s for s in r["steps"]}
-    assert len(steps) == 12
+    assert len(steps) == 13
+    assert "sidecar Python start + imports (turingbox)" not in steps   # no --t0: the first line starts the clock
     # the sidecar logged "ready after 111.7 s"; vLLM's own lines are known to the second
     assert abs(r["ready_s"] - 111.7) < 1.0
     assert abs(sum(s["seconds"] for s in r["steps"]) - r["ready_s"]) < 0.2
     assert steps["vLLM CLI + API-server imports"]["seconds"] == 16.3
     assert steps["engine-core process spawn + imports"]["seconds"] == 21.0
     assert steps["torch.compile from the cache (model + drafter)"]["seconds"] == 15.0
+    assert steps["engine handshake, API server routes + chat template"]["seconds"] == 4.0
+    assert steps["active warmup + checks (turingbox)"]["seconds"] == 12.1
+    assert r["recompiled"] is False
     starts = [s["start_s"] for s in r["steps"]]
     assert starts == sorted(starts)
+
+
+def test_session8_plain_vllm_log_with_the_harness_clock(tmp_path):
+    """Plain `vllm serve` prints no sidecar line: --t0 and --ready-s come from the harness (session-a.log)."""
+    log = os.path.join(REPO, "docs", "data", "2026-12-02-h200-s8", "plain-soak64.log.gz")
+    out = tmp_path / "p.json"
+    subprocess.run([sys.executable, os.path.join(REPO, "bench", "startup_timeline.py"), log, "--json", str(out),
+                    "--t0", "2026-12-02 05:06:37.4", "--ready-s", "113.6"],
+                   check=True, capture_output=True, text=True, timeout=120)
+    r = json.loads(out.read_text())
+    steps = {s["step"]: s for s in r["steps"]}
+    assert r["recompiled"] is True and r["ready_s"] == 113.6
+    assert not any("turingbox" in name or "plugin" in name for name in steps)
+    assert steps["vLLM CLI + API-server imports"]["seconds"] == 16.6
+    assert steps["torch.compile, recompiled: cache miss (model + drafter)"]["seconds"] == 53.0
+    assert abs(sum(s["seconds"] for s in r["steps"]) - r["ready_s"]) < 0.2
 
 
 def test_a_log_without_milestones_is_one_sentence(tmp_path):
