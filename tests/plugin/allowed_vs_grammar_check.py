@@ -121,5 +121,16 @@ if mode in ("patched", "gate_moved"):
     }
     out["think_ids"] = [THINK, END_THINK]
     out["gate"] = vllm_fixes._gate["state"]
+if mode == "patched":
+    # the deferred mark stays in the API server: vLLM's own wire encoding to the engine core drops it
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder  # noqa: E402
+    params = SamplingParams(max_tokens=16, allowed_token_ids=NO_JSON, structured_outputs=so(json=SCHEMA))
+    params.verify(model_config, None, so_reasoning, tok)
+    request = EngineCoreRequest(request_id="w", prompt_token_ids=PROMPT, mm_features=None,
+                                sampling_params=params.clone(), pooling_params=None, arrival_time=0.0,
+                                lora_request=None, cache_salt=None, data_parallel_rank=None)
+    wired = MsgpackDecoder(EngineCoreRequest).decode(MsgpackEncoder().encode(request))
+    out["wire"] = {"marked": hasattr(request.sampling_params.structured_outputs, "_turingbox_dead_start"),
+                   "marked_after_wire": hasattr(wired.sampling_params.structured_outputs, "_turingbox_dead_start")}
 out["cuda_initialised"] = torch.cuda.is_initialized()
 print(json.dumps(out))
