@@ -171,6 +171,13 @@ class SchedulerDriver:
                 "seconds": round(time.monotonic() - start, 3)}
 
 
+def describe_waves(results: list[dict[str, Any]]) -> str:
+    """One log line with each wave's seconds: where a start's strict warmup goes."""
+    total = sum(r["seconds"] for r in results)
+    return f"waves in {total:.1f} s: " + ", ".join(
+        f"{r['wave']} {r['seconds']:.2f} s ({r['steps']} steps)" for r in results)
+
+
 def run_waves(worker: Any, waves: list[Wave]) -> list[dict[str, Any]]:
     import torch
 

@@ -226,6 +226,8 @@ class TuringboxWorker(Worker):
         log.info("turingbox strict warmup: %s", summarize(waves))
         with self.tb_launches.recording():
             report = driver.run_waves(self, waves)
+            # one line with each wave's seconds: where a start's strict warmup goes (issue 18's profile)
+            log.info("turingbox strict warmup: %s", driver.describe_waves(report))
             report.extend(self._structured_output_warmup(summary))
         try:
             sweep = self.tb_launches.sweep()

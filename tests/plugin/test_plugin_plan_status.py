@@ -87,3 +87,11 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path):
         write_status_atomic(p, {"stage": object.__new__(type("X", (), {"__str__": None}))})
     assert json.load(open(p)) == {"stage": "ready"}
     assert os.listdir(tmp_path) == ["worker-0.json"]
+
+
+def test_wave_seconds_line_names_every_wave_and_the_total():
+    from turingbox_plugin.driver import describe_waves
+    line = describe_waves([{"wave": "single-greedy-1tok", "requests": 1, "steps": 2, "seconds": 0.4},
+                           {"wave": "long-prompt-chunked", "requests": 1, "steps": 5, "seconds": 3.3}])
+    assert line == ("waves in 3.7 s: single-greedy-1tok 0.40 s (2 steps), "
+                    "long-prompt-chunked 3.30 s (5 steps)")
