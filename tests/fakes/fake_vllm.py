@@ -20,6 +20,7 @@ variable FAKE_VLLM_NAME (upper case, '-' -> '_'):
   die-after-chunks N  exit in the middle of a stream after sending N chunks (0 = never)
   exit-code N         exit code when dying (3); die-signal N: kill itself with signal N instead
   fail-at STAGE       exit with an error during loading | compiling | capturing
+  fail-line TEXT      with fail-at: a line printed before the error, e.g. vLLM's "Available KV cache memory: -3 GiB"
   control-dir DIR     while DIR/hang exists every request hangs (turn a hang on and off at run time)
   fail-requests 1     answer every completion request with HTTP 500 (as vLLM does on an engine error)
   events FILE         JSON lines: started, request, cancelled, completed, sigterm, dying
@@ -56,7 +57,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 DEFAULTS = {
     "stage-seconds": "0", "startup-seconds": "0", "chunks": "5", "chunk-delay": "0", "first-chunk-delay": "0", "role-chunk": "0",
-    "die-after-chunks": "0", "exit-code": "3", "die-signal": "0", "fail-at": "", "control-dir": "",
+    "die-after-chunks": "0", "exit-code": "3", "die-signal": "0", "fail-at": "", "fail-line": "", "control-dir": "",
     "events": "", "plugin": "ok", "jit-after-ready": "", "ignore-sigterm": "0", "sigterm-seconds": "0",
     "child": "0", "fail-requests": "0", "keepalive-race": "0", "close-after-error": "1", "max-model-len": "4096",
     "metrics": "recorded",
@@ -413,6 +414,8 @@ def startup_stage(name: str, lines: list[tuple[str, str]], end_lines: list[tuple
     for where, message in lines:
         log("INFO", where, message)
     if O["fail-at"] == name:
+        if O["fail-line"]:
+            log("INFO", "gpu_worker.py:462", O["fail-line"])
         log("ERROR", "core.py:1100", f"EngineCore failed to start: RuntimeError: fake failure while {name}")
         log("ERROR", "core.py:1101", "Traceback (most recent call last): ...")
         event("dying", why=f"fail-at {name}")

@@ -349,6 +349,25 @@ def test_vllm_failing_during_startup(serve_factory):
     assert "fake failure while compiling" in out.split("log lines:")[-1]
 
 
+def test_vllm_failing_names_the_cause_it_logged_far_above_its_last_lines(serve_factory):
+    # session 8: a second server starting on the GPU while vLLM profiled; its cause is ~100 lines above the end
+    s = serve_factory(env={"FAKE_VLLM_FAIL_AT": "compiling", "TURINGBOX_EXIT_LINGER_SECONDS": "3",
+                           "FAKE_VLLM_FAIL_LINE": "Available KV cache memory: -71.52 GiB"})
+    sentence = ("vLLM exited unexpectedly with exit code 3 during stage compiling. vLLM found -71.52 GiB left for its "
+                "KV cache: GPU memory was taken while it measured (another server starting or stopping on the same "
+                "GPU: start them one at a time), or the weights and activations do not fit its share (raise "
+                "TURINGBOX_GPU_MEMORY_UTILIZATION).")
+    def live_reason():
+        try:
+            r = s.get("/health/live", timeout=1.0)
+        except httpx.HTTPError:
+            return None
+        return r.status_code == 503 and r.json()["reason"]
+    assert wait_until(live_reason, timeout=30, what="liveness 503") == sentence
+    assert s.wait_exit() == 1
+    assert f"turingbox: {sentence} Its last" in s.output()
+
+
 def assert_unplannable_start_exits_2(s: Serve, sentence: str) -> None:
     """Liveness turns 503 with the sentence, serve exits 2 with it as one stderr line: no traceback, vLLM never
     started, nothing left on disk."""

@@ -39,6 +39,7 @@ from turingbox.engine.launch import (MASK, SECRET_FLAGS, EngineNotAnswering, fla
                                      flag_values, free_loopback_port, health_client, instance_runtime_dir,
                                      mask_argv, own_variables, parent_env, read_workers, vllm_argv, vllm_env,
                                      wait_until_answering, worker_check)
+from turingbox.engine.diagnosis import FailureDiagnosis
 from turingbox.engine.supervisor import Supervisor, describe_exit
 from turingbox.errors import UsageError
 from turingbox.plan.types import Plan
@@ -202,7 +203,8 @@ class Controller:
         self.metrics = ServeMetrics(self.tracker, worker_status=self._worker_status,
                                     gpu_uuids=lambda: list(self.raw_plan.gpus) if self.raw_plan else [])
         self.sidecar = Sidecar(self.state, self.metrics)
-        self.supervisor = Supervisor(on_line=self.tracker.observe_log_line, redact=self.redact)
+        self.diagnosis = FailureDiagnosis()
+        self.supervisor = Supervisor(on_line=self._observe_line, redact=self.redact)
         self.cache_session: Any = None      # until finished
         self.cache_to_close: Any = None     # until exit: close() removes a private/cold temporary copy
         self.stop_requested = asyncio.Event()
@@ -233,6 +235,10 @@ class Controller:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(128 + sig)
+
+    def _observe_line(self, line: str) -> None:
+        self.tracker.observe_log_line(line)
+        self.diagnosis.observe(line)
 
     def _stage_changed(self, old: str, new: str) -> None:
         if new in stages.ORDER:
@@ -466,6 +472,8 @@ class Controller:
             return
         stage = self.tracker.stage
         sentence = f"vLLM exited unexpectedly with {describe_exit(code)} during stage {stage}."
+        if self.diagnosis.sentence:
+            sentence += " " + self.diagnosis.sentence
         log.error("%s", sentence)
         self.state.mark_upstream_dead(sentence)
         self.tracker.fail(sentence)

@@ -294,12 +294,14 @@ async def _run_engine(plan: Plan, session, timeout, passthrough, vllm_command, r
     import time
 
     from turingbox.engine import launch, supervisor
+    from turingbox.engine.diagnosis import FailureDiagnosis
     from turingbox.serve.active_warmup import run_active_warmup
 
     port = launch.free_loopback_port()
     argv = launch.vllm_argv(plan.vllm_args, port, passthrough, vllm_command)
     base = f"http://127.0.0.1:{port}"
-    engine = supervisor.Supervisor(output=sys.stdout.buffer)
+    diagnosis = FailureDiagnosis()
+    engine = supervisor.Supervisor(on_line=diagnosis.observe, output=sys.stdout.buffer)
     stage("engine-start")
     await engine.start(argv, engine_env(plan, session.env, runtime_dir))
     try:
@@ -308,7 +310,9 @@ async def _run_engine(plan: Plan, session, timeout, passthrough, vllm_command, r
             await launch.wait_until_answering(
                 base, deadline, lambda: engine.running,
                 what_timed_out=lambda: f"vLLM did not answer within warmup_timeout={timeout:.0f} s.",
-                exit_sentence=lambda: f"vLLM exited before it was ready ({supervisor.describe_exit(engine.returncode)}).")
+                exit_sentence=lambda: " ".join(filter(None, (
+                    f"vLLM exited before it was ready ({supervisor.describe_exit(engine.returncode)}).",
+                    diagnosis.sentence))))
         except launch.EngineNotAnswering as exc:
             raise SeedFailed(str(exc)) from None
         stage("engine-ready")
