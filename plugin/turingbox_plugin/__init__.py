@@ -57,10 +57,10 @@ def register() -> None:
         return
     if not settings.active:
         return
-    if "vllm" in sys.modules:    # a vLLM process (the API server validates requests); never raises
+    if "vllm" in sys.modules:    # a vLLM process (API server: request checks; engine core: grammars); never raises
         try:
-            from turingbox_plugin.vllm_fixes import apply_api_server
-            apply_api_server()
+            from turingbox_plugin.vllm_fixes import apply_at_register
+            apply_at_register()
         except Exception:
             pass
     for key, value in ENV_DEFAULTS.items():

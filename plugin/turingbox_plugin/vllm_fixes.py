@@ -1,6 +1,7 @@
 """Fixes to vLLM 0.21.0 behaviour that a client can trigger, applied in the worker process (`apply_all`),
-and two patches applied in the API server (`apply_api_server`): `fix_allowed_vs_grammar`, a request
-validation, and `skip_text_only_model_import`, a startup shortcut for `--language-model-only`.
+and patches register() applies in every vLLM process (`apply_at_register`): `fix_allowed_vs_grammar`, a
+request validation (API server), `fix_terminated_grammar` (the scheduler's grammars, engine core) and
+`skip_text_only_model_import`, a startup shortcut for `--language-model-only`.
 
 Each fix names the upstream report, checks that vLLM's source still contains the code it corrects (so a vLLM
 upgrade makes it step aside, logged, instead of patching code it does not know), and is idempotent.
@@ -361,13 +362,54 @@ def skip_text_only_model_import() -> str:
     return "applied"
 
 
-API_SERVER_FIXES: dict[str, Callable[[], str]] = {"allowed_vs_grammar": fix_allowed_vs_grammar,
-                                                  "text_only_model_import": skip_text_only_model_import}
+# vLLM 0.21.0's XgrammarGrammar.accept_tokens: a grammar that has terminated rejects every later token.
+ACCEPT_REJECTS_AFTER_END = """        if self._is_terminated:
+            return False"""
 
 
-def apply_api_server() -> dict[str, str]:
-    """The fixes that belong in the API-server process (called from register()); never raises."""
-    return _apply(API_SERVER_FIXES)
+def fix_terminated_grammar() -> str:
+    """Tokens after a structured output's end are not the grammar's: accepted without advancing (vllm#52805).
+
+    With `ignore_eos`, or MTP drafts accepted past the stop token, the engine hands the grammar tokens after the
+    one that terminated it. vLLM 0.21's xgrammar backend rejects them, and the scheduler ends the request with
+    "Unexpected: grammar rejected tokens ... Terminating request": an internal server error, in the middle of a
+    stream (session 8's soak: a regex with ignore_eos). Upstream fixed it after 0.21 (vllm#52805): a batch stops
+    at termination and later calls return True. Here each token goes to vLLM's own accept_tokens one at a time,
+    so the grammar stops at its end exactly as vLLM advances it; what follows is not fed to it. Applied where the
+    scheduler runs (the engine core).
+    """
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarGrammar
+
+    if getattr(XgrammarGrammar, "_turingbox_terminated", False):
+        return "applied"
+    original = XgrammarGrammar.accept_tokens
+    if not _unchanged(original, ACCEPT_REJECTS_AFTER_END):
+        return "skipped: XgrammarGrammar.accept_tokens is not vLLM 0.21.0's"
+
+    def accept_tokens(self: Any, request_id: str, tokens: list[int]) -> bool:
+        for token in tokens:
+            if self.is_terminated():
+                return True                    # the rest came after the end of the grammar
+            if not original(self, request_id, [token]):
+                return False
+        return True
+
+    accept_tokens.__wrapped__ = original       # type: ignore[attr-defined]
+    XgrammarGrammar.accept_tokens = accept_tokens
+    XgrammarGrammar._turingbox_terminated = True
+    return "applied"
+
+
+# Applied by register() in every vLLM process the plugin is active in (the API server validates requests and
+# builds its renderer; the engine core runs the scheduler's grammars); each is cheap and never touches CUDA.
+REGISTER_FIXES: dict[str, Callable[[], str]] = {"allowed_vs_grammar": fix_allowed_vs_grammar,
+                                                "text_only_model_import": skip_text_only_model_import,
+                                                "terminated_grammar": fix_terminated_grammar}
+
+
+def apply_at_register() -> dict[str, str]:
+    """The fixes register() applies in every vLLM process (REGISTER_FIXES); never raises."""
+    return _apply(REGISTER_FIXES)
 
 
 FIXES: dict[str, Callable[[], str]] = {"mask_rows": fix_mask_rows, "logprobs_ids": fix_logprobs_ids}
