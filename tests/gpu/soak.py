@@ -437,6 +437,8 @@ def summarize(records: list[dict], jit_samples: list[dict], meta: dict) -> dict:
     retried = collections.Counter(r["retried"].split(":")[0] for r in records if r.get("retried"))
     stream_err = collections.Counter(r.get("error_class", "") for r in records
                                      if r.get("status") == 200 and r.get("stream_error"))
+    # vLLM's 500 inside a stream whose headers already said 200: an internal error all the same
+    stream5 = [r["id"] for r in records if outcome(r) == STREAM_INTERNAL_ERROR]
     # a stream refuses inside its 200 (vLLM sends the error as an event): that is the expected failure too
     expected_fail_ok = [r["id"] for r in reqs if r["expect"].startswith("fail:") and r.get("status") == 200
                         and not r.get("stream_error")]
@@ -470,6 +472,8 @@ def summarize(records: list[dict], jit_samples: list[dict], meta: dict) -> dict:
     reasons = []
     if n5:
         reasons.append(f"{n5} responses with status 5xx")
+    if stream5:
+        reasons.append(f"{len(stream5)} streams ended with an internal server error after a 200: ids {stream5[:20]}")
     if delta is None:
         reasons.append(f"{JIT_TOTAL} not readable from /metrics")
     elif delta:
@@ -484,13 +488,15 @@ def summarize(records: list[dict], jit_samples: list[dict], meta: dict) -> dict:
         notes.append(f"{sum(stream_err.values())} 200 streams with an error: {dict(stream_err)}")
     return {
         **meta,
-        "ok": n5 == 0 and delta == 0 and not meta.get("aborted"),
+        "ok": n5 == 0 and not stream5 and delta == 0 and not meta.get("aborted"),
         "not_ok_reasons": reasons,
         "notes": notes,
         "requests": len(records),
         "requests_excluding_calibration": len(reqs),
         "by_status": dict(sorted(status.items())),
         "n_5xx": n5,
+        "stream_internal_errors": stream5[:50],
+        "n_stream_internal_errors": len(stream5),
         "5xx_by_message": dict(cls5.most_common()),
         "4xx_by_message": dict(cls4.most_common()),
         "no_status_by_error": dict(cls0.most_common()),
@@ -582,13 +588,31 @@ def first_check(url: str, model: str) -> dict:
 # with a 500 (vllm#53665's kin: allowed_token_ids that cannot start the structured output). A 4xx here against
 # plain vLLM's 5xx is the fix, not a difference to explain; any other status difference is.
 TURINGBOX_OWN_REFUSALS = ("allowed_token_ids and structured_outputs leave no token to generate",)
+STREAM_INTERNAL_ERROR = "200+internal-error"
+
+
+def outcome(r: dict) -> str:
+    """A request's result as the soak and the replay compare it: the HTTP status; a stream whose 200 carried an
+    error event is "200+error" (a refusal raised after the headers, as vLLM does for streams), or
+    STREAM_INTERNAL_ERROR when that error is vLLM's "Internal server error"."""
+    status = r.get("status")
+    if status == 200 and r.get("stream_error"):
+        return STREAM_INTERNAL_ERROR if "Internal server error" in r["stream_error"] else "200+error"
+    return str(status)
+
+
+def _failed(o: str) -> bool:
+    return o == STREAM_INTERNAL_ERROR or o[:1] == "5"
 
 
 def split_replay_mismatches(mismatches: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(turingbox's own 4xx where plain vLLM answered 5xx, every other mismatch)."""
+    """(turingbox's own refusal where plain vLLM failed internally, every other mismatch). A refusal is a 400, or
+    an error event in a 200 stream; plain's failure a 5xx or an internal error in its stream."""
     own, other = [], []
     for m in mismatches:
-        ours = 400 <= (m.get("soak_status") or 0) < 500 and (m.get("plain_status") or 0) >= 500 \
+        soak_o = m.get("soak_outcome") or str(m.get("soak_status"))
+        plain_o = m.get("plain_outcome") or str(m.get("plain_status"))
+        ours = soak_o in ("400", "200+error") and _failed(plain_o) \
             and any(t in (m.get("soak_error") or "") for t in TURINGBOX_OWN_REFUSALS)
         (own if ours else other).append(m)
     return own, other
@@ -602,8 +626,9 @@ async def replay(args: argparse.Namespace) -> dict:
     if os.path.exists(summary_path):
         seed = json.load(open(summary_path)).get("seed", seed)
     recs = [r for r in recs if r.get("group") != "calibrate" and (r.get("body") is not None or r.get("raw"))]
-    four = [r for r in recs if 400 <= (r.get("status") or 0) < 500]
-    rest = [r for r in recs if not 400 <= (r.get("status") or 0) < 500]
+    # every refusal and error: 4xx, and streams whose 200 carried an error event (a stream's refusal comes late)
+    four = [r for r in recs if 400 <= (r.get("status") or 0) < 500 or outcome(r).startswith("200+")]
+    rest = [r for r in recs if r not in four]
     sample = random.Random(f"replay-{seed}").sample(rest, min(args.sample, len(rest)))
     a = argparse.Namespace(**{**vars(args), "max_concurrency": args.replay_concurrency})
     s = Soak(a)
@@ -620,7 +645,7 @@ async def replay(args: argparse.Namespace) -> dict:
                     600.0 if r["intended_prompt_tokens"] > 30000 else 300.0, r.get("raw"))
         out = await s.send(req, f"replay-{why}")
         return {"id": r["id"], "why": why, "soak_status": r.get("status"), "plain_status": out.get("status"),
-                "same_status": r.get("status") == out.get("status"),
+                "soak_outcome": outcome(r), "plain_outcome": outcome(out), "same_status": outcome(r) == outcome(out),
                 "soak_error": (r.get("error") or "")[:200], "plain_error": (out.get("error") or "")[:200],
                 "families": [f for f in r["families"] if f.startswith("fail:")], "kind": r["kind"]}
 
@@ -637,8 +662,8 @@ async def replay(args: argparse.Namespace) -> dict:
             "n_4xx": len(rows4), "n_4xx_same_status": len(rows4) - len(mism4),
             "all_4xx_same_status": not mism4,
             "n_sample": len(rowss), "n_sample_same_status": len(rowss) - len(mismS),
-            "sample_status_pairs": dict(collections.Counter(f"{x['soak_status']}->{x['plain_status']}" for x in rowss)),
-            "4xx_status_pairs": dict(collections.Counter(f"{x['soak_status']}->{x['plain_status']}" for x in rows4)),
+            "sample_status_pairs": dict(collections.Counter(f"{x['soak_outcome']}->{x['plain_outcome']}" for x in rowss)),
+            "4xx_status_pairs": dict(collections.Counter(f"{x['soak_outcome']}->{x['plain_outcome']}" for x in rows4)),
             "mismatches_4xx": mism4, "mismatches_sample": mismS}
     own, other = split_replay_mismatches(mism4)
     cmp_.update(n_turingbox_refusals_of_vllm_5xx=len(own), n_unexplained_4xx_mismatches=len(other), ok=not other)
@@ -665,7 +690,8 @@ def verdict(args: argparse.Namespace) -> dict:
         v["first_request_ok"] = v["first_over_later"] <= 1.2
     if summ:
         v.update(soak_ok=summ["ok"], requests=summ["requests"], duration_s=summ["duration_s"],
-                 n_5xx=summ["n_5xx"], jit_delta=summ["jit_after_ready"]["delta"],
+                 n_5xx=summ["n_5xx"], n_stream_internal_errors=summ.get("n_stream_internal_errors"),
+                 jit_delta=summ["jit_after_ready"]["delta"],
                  jit_by_kernel_delta=summ["jit_after_ready"]["by_kernel_delta"], not_ok_reasons=summ["not_ok_reasons"])
     monitor = {}
     for name in args.log or []:

@@ -121,8 +121,11 @@ def test_short_soak_through_the_sidecar_then_replay(tmp_path):
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         cmp_ = json.loads((out / "replay-cpu.json").read_text())
+        import soak
         n4 = sum(1 for r in recs if 400 <= (r.get("status") or 0) < 500)
-        assert cmp_["n_4xx"] == n4 > 0 and cmp_["n_sample"] == 30
+        n_streamed = sum(1 for r in recs if r.get("group") != "calibrate" and soak.outcome(r) == "200+error")
+        assert n4 > 0 and n_streamed > 0                      # refusals come as 4xx and, in streams, as error events
+        assert cmp_["n_4xx"] == n4 + n_streamed and cmp_["n_sample"] == 30
         assert cmp_["all_4xx_same_status"], cmp_["mismatches_4xx"][:5]
     finally:
         if fake is not None:
@@ -165,6 +168,32 @@ def test_replay_counts_only_turingbox_own_refusals_of_a_vllm_500_as_explained():
     own, other = soak.split_replay_mismatches([ours, vllms_own, other_way, plain_ok])
     assert own == [ours]
     assert other == [vllms_own, other_way, plain_ok]
+    # streams: the same refusal arrives as an error event after a 200 (session 8), plain vLLM's 500 likewise
+    ours_stream = {**ours, "soak_status": 200, "plain_status": 200, "soak_outcome": "200+error",
+                   "plain_outcome": soak.STREAM_INTERNAL_ERROR}
+    stream_plain_ok = {**ours_stream, "plain_outcome": "200"}
+    own, other = soak.split_replay_mismatches([ours_stream, stream_plain_ok])
+    assert own == [ours_stream] and other == [stream_plain_ok]
+
+
+def test_outcomes_and_internal_errors_inside_streams():
+    """Session 8's id 1966: a stream answered 200, then vLLM's "Internal server error" (a grammar that had ended
+    rejected the ignore_eos tokens): a failure of the soak like a 5xx, and what the replay compares."""
+    import soak
+    ok = {"id": 1, "status": 200, "group": "single", "expect": "ok"}
+    refused = {"id": 2, "status": 200, "stream_error": "allowed_token_ids contains out-of-vocab token id!",
+               "group": "single", "expect": "fail:allowed_out_of_vocab"}
+    internal = {"id": 3, "status": 200, "stream_error": "Internal server error", "group": "single", "expect": "ok"}
+    assert [soak.outcome(r) for r in (ok, refused, internal, {"status": 400})] == \
+        ["200", "200+error", soak.STREAM_INTERNAL_ERROR, "400"]
+    base = {"intended_prompt_tokens": 10, "families": [], "kind": "short"}
+    summary = soak.summarize([{**base, **r} for r in (ok, refused, internal)],
+                             [{"t": 0, "total": 0.0}, {"t": 1, "total": 0.0}], {})
+    assert summary["ok"] is False and summary["n_5xx"] == 0
+    assert summary["stream_internal_errors"] == [3]
+    assert any("internal server error after a 200" in r for r in summary["not_ok_reasons"])
+    assert soak.summarize([{**base, **r} for r in (ok, refused)], [{"t": 0, "total": 0.0}, {"t": 1, "total": 0.0}],
+                          {})["ok"] is True
 
 
 def test_session7_requests_that_may_go_either_way_are_boundary():
