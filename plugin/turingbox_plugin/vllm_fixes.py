@@ -335,8 +335,9 @@ def skip_text_only_model_import() -> str:
     vLLM's API server asks `supports_multimodal_inputs` while it builds its renderer and input processor. For an
     architecture registered as multimodal (Qwen3.5/3.6) that imports the model module first: qwen3_5, qwen3_vl,
     FLA's GDN ops, transformers' Qwen-VL modules. FLA runs `torch.cuda.get_device_name(0)` at import, so the API
-    server, which never runs the model, initialises CUDA; vLLM must then spawn its engine core (a fresh
-    interpreter that imports everything again) instead of forking it (docs/startup.md). With
+    server, which never runs the model, initialises CUDA. `vllm serve` spawns its engine core by default (a
+    fresh interpreter that imports everything again); with VLLM_WORKER_MULTIPROC_METHOD=fork it forks it only
+    while CUDA is not initialised in the API server (vLLM's _maybe_force_spawn; docs/startup.md). With
     `language_model_only` every modality's limit is 0 (MultiModalConfig.get_limit_per_prompt), so vLLM's answer
     is False whatever the model supports, unless `enable_mm_embeds`: this returns that False before the import.
     Other configurations go to vLLM's method unchanged.
@@ -349,10 +350,16 @@ def skip_text_only_model_import() -> str:
     if not all(_unchanged(original, needle) for needle in MM_CHECK_LIMITS_AFTER_IMPORT):
         return "skipped: MultiModalRegistry.supports_multimodal_inputs is not vLLM 0.21.0's"
 
+    said = []
+
     def supports_multimodal_inputs(self: Any, model_config: Any) -> bool:
         if model_config.is_multimodal_model:
             mm_config = model_config.get_multimodal_config()
             if mm_config.language_model_only and not mm_config.enable_mm_embeds:
+                if not said:        # vLLM's own line (once per process), which startup timelines use as a step end
+                    said.append(True)
+                    log.info("All limits of multimodal modalities supported by the model are set to 0, running in "
+                             "text-only mode (turingbox: --language-model-only, the model class is not imported).")
                 return False
         return original(self, model_config)
 

@@ -5,6 +5,7 @@ turingbox_plugin.vllm_fixes.skip_text_only_model_import. The model-class import 
 supported_mm_limits name Qwen3.6's modalities). argv: vllm_root mode (unpatched | patched | moved).
 Prints one JSON object."""
 import json
+import logging
 import os
 import sys
 
@@ -20,6 +21,16 @@ from vllm.multimodal.registry import MultiModalRegistry  # noqa: E402
 from turingbox_plugin import vllm_fixes  # noqa: E402
 
 imports = []
+said = []          # the plugin's log lines (vLLM's "running in text-only mode" line is what timelines look for)
+
+
+class Said(logging.Handler):
+    def emit(self, record):
+        said.append(record.getMessage())
+
+
+logging.getLogger("turingbox_plugin.vllm_fixes").addHandler(Said())
+logging.getLogger("turingbox_plugin.vllm_fixes").setLevel("INFO")
 
 
 def create_processing_info(self, model_config, tokenizer=None):
@@ -50,4 +61,5 @@ out["limits_zero"] = ask("zero", limit_per_prompt={"image": 0, "video": 0})
 out["images"] = ask("images", limit_per_prompt={"image": 1, "video": 0})
 out["text_model"] = ask("text", multimodal=False)
 out["premise"] = MultiModalConfig(language_model_only=True).get_limit_per_prompt("audio")
+out["said"] = said
 print(json.dumps(out))
