@@ -80,6 +80,7 @@ def test_session_8s_awq_start_names_the_other_server():
                                    "cache is needed, which is larger than the available KV cache ",
                                    "the estimated maximum model length is "]),
     ("v1/worker/utils.py", ["on startup ", "is less than desired GPU memory utilization "]),
+    ("v1/worker/gpu_model_runner.py", ["Failed to load model - not enough GPU memory"]),
 ])
 def test_the_messages_are_vllms_own(path, fragments):
     source = VLLM / path
@@ -90,3 +91,24 @@ def test_the_messages_are_vllms_own(path, fragments):
     text = source.read_text()
     for fragment in fragments:
         assert fragment in text, (path, fragment)
+
+
+def test_text_a_client_sent_cannot_pose_as_a_cause():
+    d = FailureDiagnosis()
+    for line in ("(APIServer pid=7) ERROR 12-02 05:00:01 [serving.py:250] Error in preprocessing prompt inputs: "
+                 "'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB'",
+                 "(APIServer pid=7) INFO:     127.0.0.1:5 - \"POST /v1/completions?x=Available KV cache memory: "
+                 "-5 GiB HTTP/1.1\" 400 Bad Request"):
+        d.observe(line)
+    assert d.sentence is None
+
+
+def test_running_out_while_loading_weights_is_named_before_the_traceback():
+    d = FailureDiagnosis()
+    d.observe("(EngineCore pid=9) ERROR 12-02 05:00:01 [gpu_model_runner.py:4957] Failed to load model - not enough "
+              "GPU memory. Try lowering --gpu-memory-utilization to free memory for weights, increasing "
+              "--tensor-parallel-size, or using --quantization. (original error: CUDA out of memory. Tried to "
+              "allocate 500.00 MiB.)")
+    d.observe("(EngineCore pid=9) ERROR 12-02 05:00:01 [core.py:1140] torch.OutOfMemoryError: CUDA out of memory. "
+              "Tried to allocate 500.00 MiB.")
+    assert d.sentence.startswith("The weights did not fit in the GPU memory left while loading")

@@ -237,8 +237,8 @@ class Controller:
         os._exit(128 + sig)
 
     def _observe_line(self, line: str) -> None:
+        self.diagnosis.observe(line)          # first: a stage-detection error must not hide a cause
         self.tracker.observe_log_line(line)
-        self.diagnosis.observe(line)
 
     def _stage_changed(self, old: str, new: str) -> None:
         if new in stages.ORDER:
