@@ -235,6 +235,9 @@ class Bench:
         # for both servers' vLLM.
         self.vllm_args = shlex.split(a.vllm_args)
         self.tb_passthrough = ["--", *self.vllm_args] if self.vllm_args else []
+        bad = [kv for kv in a.env if "=" not in kv or not kv.split("=", 1)[0]]
+        if bad:
+            raise SystemExit(f"bench: --env takes KEY=VALUE, got {bad[0]!r}.")
         self.extra_env = dict(kv.split("=", 1) for kv in a.env)
 
     def variant(self) -> dict:
@@ -494,7 +497,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="extra vLLM flags for both servers (turingbox passes them after --), e.g. --vllm-args=--language-model-only")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for both servers (repeatable), e.g. VLLM_WORKER_MULTIPROC_METHOD=fork")
-    p.add_argument("--label", default="", help="keep this run's result as PHASE+LABEL (a variant beside the baseline)")
+    p.add_argument("--label", default="",
+                   help="keep this run's result as PHASE+LABEL (a variant beside the baseline); the caches in --work "
+                        "are shared, so run the baseline's phases first (tests/gpu/README.md)")
     p.add_argument("--only", choices=SERVERS, help="run only one of the two servers")
     p.add_argument("--copy-logs", action="store_true", help="also copy the logs to <out>/startup-logs")
     a = p.parse_args(argv)

@@ -90,3 +90,11 @@ def test_a_variant_reaches_both_servers_vllm(tmp_path):
     assert len(started) == 2                                   # plain vLLM and turingbox's vLLM
     assert all(e["argv"][-1] == "--language-model-only" for e in started)
     assert sum("--worker-cls" in e["argv"] for e in started) == 1
+
+
+def test_a_malformed_env_is_one_sentence(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    r = bench(tmp_path, "empty", "--env", "VLLM_WORKER_MULTIPROC_METHOD")
+    assert r.returncode != 0 and "--env takes KEY=VALUE, got 'VLLM_WORKER_MULTIPROC_METHOD'." in r.stderr
+    assert "Traceback" not in r.stderr
