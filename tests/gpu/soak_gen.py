@@ -402,13 +402,14 @@ class SoakGen:
         if r.random() < 0.04:
             b["min_p"] = round(r.uniform(0.01, 0.3), 3)   # refused with MTP on: vLLM's 400
             fam.append("min_p")
-            if self.mtp and b.get("temperature", 1.0) != 0.0:   # greedy: vLLM resets min_p to 0 and accepts it
+            # greedy: vLLM resets min_p to 0 and accepts it; beam search samples with params of its own (no min_p)
+            if self.mtp and b.get("temperature", 1.0) != 0.0 and not b.get("use_beam_search"):
                 fam += ["must_fail", "fail:min_p_mtp"]
         if r.random() < 0.03:
             lo, hi = SAFE_TOKEN_IDS
             b["logit_bias"] = {str(r.randint(lo, hi)): round(r.uniform(-100, 100), 1) for _ in range(r.randint(1, 4))}
             fam.append("logit_bias")
-            if self.mtp:
+            if self.mtp and not b.get("use_beam_search"):
                 fam += ["must_fail", "fail:logit_bias_mtp"]
         if r.random() < 0.08:
             b["min_tokens"] = r.randint(0, mt)
@@ -524,6 +525,8 @@ class SoakGen:
         # the MTP refusals are what chat UIs send: weight them up
         kind = r.choice(kinds + (["min_p_mtp", "logit_bias_mtp"] * 3 if self.mtp else []))
         mk = "max_completion_tokens" if "max_completion_tokens" in b else "max_tokens"
+        if kind in ("min_p_mtp", "logit_bias_mtp") and b.pop("use_beam_search", None):
+            fam.remove("beam")                   # beam search samples with params of its own: vLLM accepts both
         if kind == "min_p_mtp":
             b["min_p"] = r.choice([0.05, 0.1])
             if b.get("temperature") == 0.0:      # greedy would reset min_p to 0: vLLM then accepts it

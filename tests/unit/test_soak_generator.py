@@ -220,3 +220,35 @@ def test_session7_requests_that_may_go_either_way_are_boundary():
     changed = [i for i in rec if drawn[i].expect != rec[i]["expect"]]
     assert sorted(changed) == [9, 272, 342, 449]
     assert all(drawn[i].families == rec[i]["families"] for i in rec)
+
+
+def test_session8_beam_search_with_min_p_is_not_a_must_fail():
+    """The H200 soak (seed 15) expected ids 649, 1708 and 1855 (beam search with min_p, MTP on) to fail, and vLLM
+    answered 200: beam search samples with params of its own, without min_p or logit_bias. The same seed now draws
+    649 and 1855 as ordinary requests and 1708, the refusal itself, without beam search; every other request's
+    expectation as it was."""
+    import gzip
+    rec = {}
+    path = os.path.join(REPO, "docs", "data", "2026-12-02-h200-s8", "soak-soak64.jsonl.gz")
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            r = json.loads(line)
+            if r["id"] >= 0:
+                rec[r["id"]] = r
+    summary = json.load(open(path.replace(".jsonl.gz", ".json")))
+    gen = G.SoakGen(15, "demo", summary["server"]["max_model_len"], mtp=True,
+                    calib=G.Calibration(**summary["calibration"]))
+    drawn = {}
+    while len(drawn) <= max(rec):
+        for r in gen.group().reqs:
+            drawn[r.id] = r
+    # 649, 1855: min_p drawn beside beam search -> an ordinary request now
+    assert [drawn[i].expect for i in (649, 1855)] == ["ok"] * 2
+    assert all("use_beam_search" in drawn[i].body and "min_p" in drawn[i].body for i in (649, 1855))
+    # 1708: drawn as the min_p refusal itself -> it stays one, without beam search, so vLLM refuses it
+    assert drawn[1708].expect == "fail:min_p_mtp" and "use_beam_search" not in drawn[1708].body
+    assert "beam" not in drawn[1708].families and "beam" in rec[1708]["families"]
+    changed = {i for i in rec if drawn[i].expect != rec[i]["expect"]}
+    assert changed == {649, 1855}
+    beam_refusals = [r for r in drawn.values() if r.body.get("use_beam_search") and r.expect.endswith("_mtp")]
+    assert beam_refusals == []
