@@ -229,7 +229,13 @@ def _grammar_starts_at_first_token(request: Any, dead: _DeadStart) -> bool:
     if request.reasoning_ended is not None:
         return bool(request.reasoning_ended)
     reasoner = _reasoners.get(dead.reasoning_parser)
-    return reasoner is None or bool(reasoner.is_reasoning_end(request.prompt_token_ids or []))
+    if reasoner is None:
+        return True
+    try:
+        return bool(reasoner.is_reasoning_end(request.prompt_token_ids or []))
+    except Exception:      # the check is an aid: the request proceeds as vLLM would take it
+        log.debug("turingbox allowed_token_ids/structured_outputs: reasoning end not decided", exc_info=True)
+        return False
 
 
 _gate = {"state": None}          # None: not tried yet; then "applied" or "skipped: why" (_add_request_gate)
@@ -296,6 +302,8 @@ def fix_allowed_vs_grammar() -> str:
     def checked_verify(self: Any, model_config: Any, speculative_config: Any, structured_outputs_config: Any,
                        tokenizer: Any) -> None:
         kind = _structured_kind(self)           # before verify, which turns a choice into a grammar
+        if self.structured_outputs is not None:    # params verified again (offline reuse) are decided afresh
+            self.structured_outputs.__dict__.pop("_turingbox_dead_start", None)
         verify(self, model_config, speculative_config, structured_outputs_config, tokenizer)
         if not (kind and self.allowed_token_ids and tokenizer is not None and structured_outputs_config
                 and self.structured_outputs._backend == "xgrammar"):

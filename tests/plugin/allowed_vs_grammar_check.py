@@ -132,5 +132,18 @@ if mode == "patched":
     wired = MsgpackDecoder(EngineCoreRequest).decode(MsgpackEncoder().encode(request))
     out["wire"] = {"marked": hasattr(request.sampling_params.structured_outputs, "_turingbox_dead_start"),
                    "marked_after_wire": hasattr(wired.sampling_params.structured_outputs, "_turingbox_dead_start")}
+    # the same params verified again with an allowed id that can start the output: decided afresh, not refused
+    params.allowed_token_ids = NO_JSON + BRACE
+    params.verify(model_config, None, so_reasoning, tok)
+    out["reverified_marked"] = hasattr(params.structured_outputs, "_turingbox_dead_start")
+    # a reasoning parser that fails: the request proceeds as vLLM would take it, never a 500 from the check
+
+    class Broken:
+        def is_reasoning_end(self, ids):
+            raise RuntimeError("parser broke")
+    kept = dict(vllm_fixes._reasoners)
+    vllm_fixes._reasoners["qwen3"] = Broken()
+    out["broken_parser"] = add_request(None, PROMPT)
+    vllm_fixes._reasoners.update(kept)
 out["cuda_initialised"] = torch.cuda.is_initialized()
 print(json.dumps(out))

@@ -82,6 +82,8 @@ def test_with_a_reasoning_parser_only_a_prompt_that_ended_reasoning_is_refused(r
     r = out["reasoning"]
     assert out["gate"] == "applied"
     assert out["wire"] == {"marked": True, "marked_after_wire": False}
+    assert out["reverified_marked"] is False
+    assert out["broken_parser"]["error"] is None
     assert all(isinstance(t, int) and t >= 0 for t in out["think_ids"])
     for ended in ("chat_thinking_off", "completions_ended"):
         assert r[ended]["parameter"] == "allowed_token_ids", ended
