@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import io
 import json
 import os
@@ -259,8 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heavy-s", type=float, default=0.4, help="list every import at least this long (any depth)")
     ap.add_argument("--t0", help="when the process was started (plain vLLM logs: gives the year for the steps)")
     a = ap.parse_args(argv)
-    opener = gzip.open if a.log.endswith(".gz") else open
-    with opener(a.log, "rt", errors="replace") as f:
+    with startup_timeline.open_log(a.log) as f:
         lines = f.read().splitlines()
     result = profile(lines, a.top, a.t0, a.heavy_s)
     if not result["processes"]:

@@ -13,7 +13,6 @@ The harness's start time and ready time are passed for both runs: plain vLLM's l
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import sys
 
@@ -27,8 +26,7 @@ CAPTION = ("Caveats: not a fair comparison. turingbox started while an AWQ cold 
 
 
 def read(path: str, t0: str | None, ready_s: float | None) -> dict:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", errors="replace") as f:
+    with startup_timeline.open_log(path) as f:
         return startup_timeline.parse(f.readlines(), t0, ready_s)
 
 

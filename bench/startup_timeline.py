@@ -49,6 +49,11 @@ MILESTONES = [
 RECOMPILED = re.compile(r"Compiling a graph for compile range|saved AOT compiled function")
 
 
+def open_log(path: str):
+    """A recorded log, plain or gzipped, as text (the bench tools read .log and .log.gz alike)."""
+    return (gzip.open if path.endswith(".gz") else open)(path, "rt", errors="replace")
+
+
 def parse(lines: list[str], t0: str | None = None, ready_s: float | None = None) -> dict:
     """Steps of one start. t0 ("2026-12-02 05:06:37.4"): when the process was started, if the log does not
     say (plain vLLM); ready_s: seconds from t0 to ready as the harness measured it (adds a last step)."""
@@ -130,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--t0", help="when the process was started, e.g. '2026-12-02 05:06:37.4' (plain vLLM logs)")
     ap.add_argument("--ready-s", type=float, help="seconds from --t0 to ready, as the harness measured it")
     a = ap.parse_args(argv)
-    opener = gzip.open if a.log.endswith(".gz") else open
-    with opener(a.log, "rt", errors="replace") as f:
+    with open_log(a.log) as f:
         result = parse(f.readlines(), a.t0, a.ready_s)
     result["log"] = a.log
     if a.json:
