@@ -28,6 +28,7 @@ one=${LANE_GPU:-$other}     # the GPU of the one-GPU phases (gdn, gdnbench, tool
 # SOAK_PEER names the phase of the other lane sharing this GPU (soak_gate.sh: starts and stops take turns).
 # SOAK_WORKERS: client loops drawing groups (more offer more load; the semaphore keeps 32 in flight at most);
 # REPLAY_ARGS: soak.py --replay's sample size and concurrency against plain vLLM.
+# IMPORT_PROFILE=1: soak64's two starts with -X importtime (bench/import_profile.py; ~14,000 lines per log).
 export SOAK_S=${SOAK_S:-600} SOAK_MIN_REQ=${SOAK_MIN_REQ:-2000} SOAK_MAX_S=${SOAK_MAX_S:-1500} SOAK_SEED=${SOAK_SEED:-15} \
   SOAK_GATE_S=${SOAK_GATE_S:-900} SOAK_PEER=${SOAK_PEER:-} SOAK_WORKERS=${SOAK_WORKERS:-3} \
   REPLAY_ARGS=${REPLAY_ARGS:-"--sample 200 --replay-concurrency 4"}
@@ -156,7 +157,7 @@ for phase in "$@"; do
               timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo --phase soak64 --gpus $one,$one \
                 --cache /tmp/tbsoak-seeded --plain-cache /tmp/tbsoak-plain --out $R --no-decode --ready-limit 900 \
                 --env TURINGBOX_GPU_MEMORY_UTILIZATION=0.55 --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
-                --env PYTHONPROFILEIMPORTTIME=1 --plain-env PYTHONPROFILEIMPORTTIME=1 \
+                ${IMPORT_PROFILE:+--env PYTHONPROFILEIMPORTTIME=1 --plain-env PYTHONPROFILEIMPORTTIME=1} \
                 --tb-after="touch /tmp/session/soak64.serving; python3 -m turingbox bench decode --url http://127.0.0.1:\$PROXY_PORT --repeats 3 --max-tokens 256 --json --output \$OUT/bench-decode-soak64.json > \$OUT/bench-decode-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-before.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-before.txt; (for i in 1 2 3 4 5; do sleep 110; curl -s -m 20 http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-mid\$i.txt; done) > /dev/null 2>&1 & python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-after.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-after.txt; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)" \
                 --after='touch /tmp/session/soak64.plain-serving; python3 tests/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:$PLAIN_PORT $REPLAY_ARGS --out $OUT > $OUT/replay-soak64.txt 2>&1'
               touch /tmp/session/soak64.plain-serving
