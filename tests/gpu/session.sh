@@ -5,7 +5,8 @@
 # TP=2 series on both GPUs: tp2cold (+ real clients, interleaved proxy latency), tp2seeded, tp2warm, tp2baked;
 # tp4cold, tp4seeded, tp4mtp3 (four GPUs, issue 7); seedonly (warmup --seed-only, then clients starts from a copy); greedy (turbo vs vLLM GDN tokens end to end), clients (4-layer demo: openai client, JIT check, proxy latency,
 # benches), turbo / turbo-ref (the same demo with TURINGBOX_GDN=turbo / vllm, cold, benches); soakseed, soak64, soakawq
-# (issue 15's traffic soak: tests/gpu/soak.py; SOAK_S, SOAK_MIN_REQ, SOAK_MAX_S, SOAK_SEED, SOAK_PEER below); fibaked (issue 20,
+# (issue 15's traffic soak: tests/gpu/soak.py; SOAK_S, SOAK_MIN_REQ, SOAK_MAX_S, SOAK_SEED, SOAK_PEER below); replay8
+# (session 8's soak replayed against the fixed plugin, beside soakawq); fibaked (issue 20,
 # beside soak64).
 # Two lanes at once (one GPU each): LANE=a bash session.sh ... & LANE=b bash session.sh ... ; each lane touches
 # /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both); LANE_GPU picks the lane's GPU.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
@@ -175,6 +176,19 @@ for phase in "$@"; do
                 --after="touch /tmp/session/soakawq.serving; python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soakawq > \$OUT/soak-soakawq.txt 2>&1; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soakawq.json > \$OUT/jit-report-soakawq.txt 2>&1; $(soak_gate plain-serving)"
               touch /tmp/session/soakawq.serving
               python3 tests/gpu/soak.py --verdict --tag soakawq --out $R --log turingbox-soakawq.log > $R/verdict-soakawq.txt 2>&1 ;;
+    replay8)  # issue 15 beside soakawq: session 8's soak records replayed against turingbox with the fixes since
+              # (4-layer demo served as "demo", eager, session 8's max_model_len and max_num_seqs), compared by id with
+              # plain vLLM's answers recorded in session 8 (soak.py --against); started once SOAK_PEER serves
+              D8=docs/data/2026-12-02-h200-s8; mkdir -p /tmp/s8
+              zcat $D8/soak-soak64.jsonl.gz > /tmp/s8/soak-soak64.jsonl; cp $D8/soak-soak64.json /tmp/s8/
+              zcat $D8/replay-soak64.jsonl.gz > /tmp/s8/replay-plain-soak64.jsonl
+              [ -d /tmp/r8/demo ] || python3 -m turingbox demo-model /tmp/r8/demo --layers 4
+              [ -z "$SOAK_PEER" ] || bash tests/gpu/soak_gate.sh $SOAK_PEER serving $SOAK_GATE_S >> $R/soak-gates.txt 2>&1
+              timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/r8/demo --phase replay8 --gpus $one,$one \
+                --skip-plain --cache /tmp/tbcache-replay8 --out $R --no-decode --ready-limit 400 --port-offset 60 \
+                --extra=--enforce-eager --env TURINGBOX_GPU_MEMORY_UTILIZATION=0.3 --env TURINGBOX_MAX_MODEL_LEN=19200 \
+                --env TURINGBOX_MAX_NUM_SEQS=16 --after-timeout 400 \
+                --after="python3 tests/gpu/soak.py --replay /tmp/s8/soak-soak64.jsonl --url http://127.0.0.1:\$PROXY_PORT --replay-concurrency 8 --tag s8-fixed --against /tmp/s8/replay-plain-soak64.jsonl --out \$OUT > \$OUT/replay-s8-fixed.txt 2>&1" ;;
     fibaked)  # issue 20 beside the 64-layer soak: FlashInfer's sm_90 modules baked vs JIT-built (4-layer demo, FLASHINFER,
               # bf16) at 0.3 of the GPU, started once soak64's server has sized its KV cache (one GPU: starts take turns);
               # lane a's soak64 waits for this phase's end before it stops (SOAK_PEER=fibaked)

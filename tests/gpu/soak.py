@@ -629,7 +629,11 @@ async def replay(args: argparse.Namespace) -> dict:
     # every refusal and error: 4xx, and streams whose 200 carried an error event (a stream's refusal comes late)
     four = [r for r in recs if 400 <= (r.get("status") or 0) < 500 or outcome(r).startswith("200+")]
     rest = [r for r in recs if r not in four]
-    sample = random.Random(f"replay-{seed}").sample(rest, min(args.sample, len(rest)))
+    if args.against:   # the other server's sample: every request it answered is compared
+        ids = {str(json.loads(l)["id"]) for l in open(args.against) if l.strip()}
+        sample = [r for r in rest if str(r["id"]) in ids]
+    else:
+        sample = random.Random(f"replay-{seed}").sample(rest, min(args.sample, len(rest)))
     a = argparse.Namespace(**{**vars(args), "max_concurrency": args.replay_concurrency})
     s = Soak(a)
     s.seed = seed
@@ -667,9 +671,40 @@ async def replay(args: argparse.Namespace) -> dict:
             "mismatches_4xx": mism4, "mismatches_sample": mismS}
     own, other = split_replay_mismatches(mism4)
     cmp_.update(n_turingbox_refusals_of_vllm_5xx=len(own), n_unexplained_4xx_mismatches=len(other), ok=not other)
+    if args.against:
+        cmp_["against"] = compare_against(rows, args.against)
+        cmp_["ok"] = cmp_["against"]["ok"]
     with open(os.path.join(args.out, f"replay-{tag}.json"), "w") as f:
         json.dump(cmp_, f, indent=1)
     return cmp_
+
+
+def compare_against(rows: list[dict], against_jsonl: str) -> dict:
+    """This replay's answers (the server at --url, e.g. turingbox after a fix) beside another server's recorded
+    answers to the same soak requests (e.g. plain vLLM's replay JSONL of an earlier session), by request id. Here
+    the replayed server is the one judged: a difference is explained only where it refuses what plain vLLM fails
+    internally (split_replay_mismatches); the soak's own outcome is beside each row for the record."""
+    theirs = {}
+    for line in open(against_jsonl):
+        if line.strip():
+            r = json.loads(line)
+            theirs[str(r["id"])] = r
+    pairs, mism, n = collections.Counter(), [], 0
+    for x in rows:
+        t = theirs.get(str(x["id"]))
+        if t is None:
+            continue
+        n += 1
+        ours, other = x["plain_outcome"], outcome(t)   # in `rows`, "plain_*" is the replayed server's answer
+        pairs[f"{ours}->{other}"] += 1
+        if ours != other:
+            mism.append({"id": x["id"], "soak_outcome": ours, "plain_outcome": other, "earlier_outcome":
+                         x["soak_outcome"], "soak_error": x["plain_error"], "plain_error": (t.get("error") or "")[:200],
+                         "kind": x["kind"]})
+    own, unexplained = split_replay_mismatches(mism)
+    return {"against_jsonl": os.path.basename(against_jsonl), "n_compared": n, "n_same": n - len(mism),
+            "pairs": dict(pairs), "n_turingbox_refusals_of_vllm_5xx": len(own), "n_unexplained": len(unexplained),
+            "mismatches": mism, "ok": n > 0 and not unexplained}
 
 
 def verdict(args: argparse.Namespace) -> dict:
@@ -735,6 +770,9 @@ def main() -> int:
     ap.add_argument("--replay", metavar="JSONL", help="send a soak's 4xx + --sample others to --url, compare")
     ap.add_argument("--sample", type=int, default=200)
     ap.add_argument("--replay-concurrency", type=int, default=4)
+    ap.add_argument("--against", metavar="JSONL",
+                    help="with --replay: compare the answers by id with another server's replay JSONL of the same soak "
+                         "(its requests replace --sample)")
     ap.add_argument("--plot", metavar="JSONL", help="draw the PNG of a soak's JSONL (+ its summary's JIT samples)")
     ap.add_argument("--verdict", action="store_true", help="summarize a GPU phase's files in --out for --tag")
     ap.add_argument("--log", action="append", help="with --verdict: server logs to grep for vLLM's jit_monitor")
@@ -756,6 +794,10 @@ def main() -> int:
         print(json.dumps({k: v for k, v in res.items() if not k.startswith("mismatches")}, indent=1))
         for m in (res["mismatches_4xx"] + res["mismatches_sample"])[:20]:
             print("mismatch:", json.dumps(m)[:400])
+        if "against" in res:
+            print("against", json.dumps({k: v for k, v in res["against"].items() if k != "mismatches"}, indent=1))
+            for m in res["against"]["mismatches"][:20]:
+                print("against mismatch:", json.dumps(m)[:400])
         return 0
     args.tag = args.tag or f"seed{args.seed}"
     if args.first_check_only:

@@ -252,3 +252,26 @@ def test_session8_beam_search_with_min_p_is_not_a_must_fail():
     assert changed == {649, 1855}
     beam_refusals = [r for r in drawn.values() if r.body.get("use_beam_search") and r.expect.endswith("_mtp")]
     assert beam_refusals == []
+
+
+def test_replay_against_an_earlier_servers_answers(tmp_path):
+    """Session 9 replays session 8's soak against turingbox with the fixes and compares by id with plain vLLM's
+    recorded answers: a fixed false refusal is then the same, a refusal of vLLM's 500 explained, any other
+    difference (or nothing to compare) fails."""
+    import soak
+    plain = tmp_path / "replay-plain.jsonl"
+    plain.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "297", "status": 200}, {"id": "9", "status": 500, "error": "Internal server error"},
+        {"id": "1966", "status": 200}, {"id": "5", "status": 400, "error": "min_p"}]) + "\n")
+    own = "allowed_token_ids and structured_outputs leave no token to generate: none of the 36 allowed ids"
+    row = lambda i, earlier, now, err="": {"id": i, "soak_outcome": earlier, "plain_outcome": now,  # noqa: E731
+                                           "plain_error": err, "kind": "short"}
+    fixed = [row("297", "400", "200"), row("9", "400", "400", own), row("1966", "200+internal-error", "200"),
+             row("5", "400", "400"), row("77", "200", "200")]
+    res = soak.compare_against(fixed, str(plain))
+    assert res["ok"] and res["n_compared"] == 4 and res["n_same"] == 3
+    assert res["n_turingbox_refusals_of_vllm_5xx"] == 1 and res["pairs"]["400->500"] == 1
+    still_refused = [row("297", "400", "400", own)] + fixed[1:]
+    res = soak.compare_against(still_refused, str(plain))
+    assert not res["ok"] and res["n_unexplained"] == 1 and res["mismatches"][0]["id"] == "297"
+    assert not soak.compare_against([row("77", "200", "200")], str(plain))["ok"]
