@@ -648,11 +648,13 @@ async def replay(args: argparse.Namespace) -> dict:
                     r["intended_prompt_tokens"], r["kind"], r["max_tokens"],
                     600.0 if r["intended_prompt_tokens"] > 30000 else 300.0, r.get("raw"))
         out = await s.send(req, f"replay-{why}")
+        answers.append(out)
         return {"id": r["id"], "why": why, "soak_status": r.get("status"), "plain_status": out.get("status"),
                 "soak_outcome": outcome(r), "plain_outcome": outcome(out), "same_status": outcome(r) == outcome(out),
                 "soak_error": (r.get("error") or "")[:200], "plain_error": (out.get("error") or "")[:200],
                 "families": [f for f in r["families"] if f.startswith("fail:")], "kind": r["kind"]}
 
+    answers: list[dict] = []
     t0 = time.time()
     rows = await asyncio.gather(*[one(r, "4xx") for r in four], *[one(r, "sample") for r in sample])
     s.out_f.close()
@@ -672,39 +674,43 @@ async def replay(args: argparse.Namespace) -> dict:
     own, other = split_replay_mismatches(mism4)
     cmp_.update(n_turingbox_refusals_of_vllm_5xx=len(own), n_unexplained_4xx_mismatches=len(other), ok=not other)
     if args.against:
-        cmp_["against"] = compare_against(rows, args.against)
+        cmp_["against"] = compare_against(answers, args.against, earlier=recs)
         cmp_["ok"] = cmp_["against"]["ok"]
     with open(os.path.join(args.out, f"replay-{tag}.json"), "w") as f:
         json.dump(cmp_, f, indent=1)
     return cmp_
 
 
-def compare_against(rows: list[dict], against_jsonl: str) -> dict:
-    """This replay's answers (the server at --url, e.g. turingbox after a fix) beside another server's recorded
-    answers to the same soak requests (e.g. plain vLLM's replay JSONL of an earlier session), by request id. Here
-    the replayed server is the one judged: a difference is explained only where it refuses what plain vLLM fails
-    internally (split_replay_mismatches); the soak's own outcome is beside each row for the record."""
-    theirs = {}
-    for line in open(against_jsonl):
-        if line.strip():
-            r = json.loads(line)
-            theirs[str(r["id"])] = r
+def compare_against(answers: list[dict], against_jsonl: str, earlier: list[dict] | None = None) -> dict:
+    """A replay's answers (the server judged, e.g. turingbox after a fix) beside another server's recorded answers
+    to the same soak requests (e.g. plain vLLM's replay JSONL of an earlier session), by request id. Explained
+    differences: a refusal of a request plain vLLM fails internally (split_replay_mismatches), and a complete
+    answer where plain vLLM failed internally (not an error of the server judged). `earlier`, the soak's own
+    records, only puts the first outcome beside each difference."""
+    theirs = {str(r["id"]): r for r in _jsonl(against_jsonl)}
+    first = {str(r["id"]): outcome(r) for r in earlier or []}
     pairs, mism, n = collections.Counter(), [], 0
-    for x in rows:
-        t = theirs.get(str(x["id"]))
+    for a in answers:
+        t = theirs.get(str(a["id"]))
         if t is None:
             continue
         n += 1
-        ours, other = x["plain_outcome"], outcome(t)   # in `rows`, "plain_*" is the replayed server's answer
+        ours, other = outcome(a), outcome(t)
         pairs[f"{ours}->{other}"] += 1
         if ours != other:
-            mism.append({"id": x["id"], "soak_outcome": ours, "plain_outcome": other, "earlier_outcome":
-                         x["soak_outcome"], "soak_error": x["plain_error"], "plain_error": (t.get("error") or "")[:200],
-                         "kind": x["kind"]})
-    own, unexplained = split_replay_mismatches(mism)
+            mism.append({"id": a["id"], "soak_outcome": ours, "plain_outcome": other,
+                         "earlier_outcome": first.get(str(a["id"])), "soak_error": (a.get("error") or "")[:200],
+                         "plain_error": (t.get("error") or "")[:200], "kind": a.get("kind")})
+    answered = [m for m in mism if m["soak_outcome"] == "200" and _failed(m["plain_outcome"])]
+    own, unexplained = split_replay_mismatches([m for m in mism if m not in answered])
     return {"against_jsonl": os.path.basename(against_jsonl), "n_compared": n, "n_same": n - len(mism),
-            "pairs": dict(pairs), "n_turingbox_refusals_of_vllm_5xx": len(own), "n_unexplained": len(unexplained),
+            "pairs": dict(pairs), "n_turingbox_refusals_of_vllm_5xx": len(own),
+            "n_answered_where_vllm_failed": len(answered), "n_unexplained": len(unexplained),
             "mismatches": mism, "ok": n > 0 and not unexplained}
+
+
+def _jsonl(path: str) -> list[dict]:
+    return [json.loads(line) for line in open(path) if line.strip()]
 
 
 def verdict(args: argparse.Namespace) -> dict:
@@ -770,6 +776,8 @@ def main() -> int:
     ap.add_argument("--replay", metavar="JSONL", help="send a soak's 4xx + --sample others to --url, compare")
     ap.add_argument("--sample", type=int, default=200)
     ap.add_argument("--replay-concurrency", type=int, default=4)
+    ap.add_argument("--compare", metavar="JSONL", help="a recorded replay's JSONL to compare --against, offline "
+                    "(--replay names the soak's JSONL for the first outcomes)")
     ap.add_argument("--against", metavar="JSONL",
                     help="with --replay: compare the answers by id with another server's replay JSONL of the same soak "
                          "(its requests replace --sample)")
@@ -789,6 +797,14 @@ def main() -> int:
         samples = json.load(open(sp))["jit_after_ready"]["samples"] if os.path.exists(sp) else []
         print(plot(recs, samples, args.plot[:-len(".jsonl")] + ".png", os.path.basename(args.plot)))
         return 0
+    if args.compare:   # offline: a recorded replay against another server's
+        if not args.against:
+            ap.error("--compare needs --against")
+        res = compare_against(_jsonl(args.compare), args.against, _jsonl(args.replay) if args.replay else None)
+        print(json.dumps({k: v for k, v in res.items() if k != "mismatches"}, indent=1))
+        for m in res["mismatches"]:
+            print("against mismatch:", json.dumps(m)[:400])
+        return 0 if res["ok"] else 1
     if args.replay:
         res = asyncio.run(replay(args))
         print(json.dumps({k: v for k, v in res.items() if not k.startswith("mismatches")}, indent=1))

@@ -255,23 +255,27 @@ def test_session8_beam_search_with_min_p_is_not_a_must_fail():
 
 
 def test_replay_against_an_earlier_servers_answers(tmp_path):
-    """Session 9 replays session 8's soak against turingbox with the fixes and compares by id with plain vLLM's
-    recorded answers: a fixed false refusal is then the same, a refusal of vLLM's 500 explained, any other
-    difference (or nothing to compare) fails."""
+    """Session 9 replayed session 8's soak against turingbox with the fixes and compared by id with plain vLLM's
+    recorded answers: a fixed false refusal is then the same; a refusal of a request vLLM fails with 500, and a
+    complete answer where vLLM's stream failed internally (id 1434), are explained; any other difference, or
+    nothing to compare, fails."""
     import soak
     plain = tmp_path / "replay-plain.jsonl"
     plain.write_text("\n".join(json.dumps(r) for r in [
         {"id": "297", "status": 200}, {"id": "9", "status": 500, "error": "Internal server error"},
-        {"id": "1966", "status": 200}, {"id": "5", "status": 400, "error": "min_p"}]) + "\n")
+        {"id": "1434", "status": 200, "stream_error": "Internal server error"}, {"id": "5", "status": 400}]) + "\n")
     own = "allowed_token_ids and structured_outputs leave no token to generate: none of the 36 allowed ids"
-    row = lambda i, earlier, now, err="": {"id": i, "soak_outcome": earlier, "plain_outcome": now,  # noqa: E731
-                                           "plain_error": err, "kind": "short"}
-    fixed = [row("297", "400", "200"), row("9", "400", "400", own), row("1966", "200+internal-error", "200"),
-             row("5", "400", "400"), row("77", "200", "200")]
-    res = soak.compare_against(fixed, str(plain))
-    assert res["ok"] and res["n_compared"] == 4 and res["n_same"] == 3
-    assert res["n_turingbox_refusals_of_vllm_5xx"] == 1 and res["pairs"]["400->500"] == 1
-    still_refused = [row("297", "400", "400", own)] + fixed[1:]
-    res = soak.compare_against(still_refused, str(plain))
-    assert not res["ok"] and res["n_unexplained"] == 1 and res["mismatches"][0]["id"] == "297"
-    assert not soak.compare_against([row("77", "200", "200")], str(plain))["ok"]
+    fixed = [{"id": "297", "status": 200}, {"id": "9", "status": 400, "error": own}, {"id": "1434", "status": 200},
+             {"id": "5", "status": 400, "error": "min_p"}, {"id": "77", "status": 200}]
+    earlier = [{"id": "297", "status": 400, "error": own}]
+    res = soak.compare_against(fixed, str(plain), earlier)
+    assert res["ok"] and res["n_compared"] == 4 and res["n_same"] == 2, res
+    assert res["n_turingbox_refusals_of_vllm_5xx"] == 1 and res["n_answered_where_vllm_failed"] == 1
+    assert res["pairs"] == {"200->200": 1, "400->500": 1, "200->200+internal-error": 1, "400->400": 1}
+    still_refused = [{"id": "297", "status": 400, "error": own}] + fixed[1:]
+    res = soak.compare_against(still_refused, str(plain), earlier)
+    assert not res["ok"] and res["n_unexplained"] == 1
+    assert res["mismatches"][0]["id"] == "297" and res["mismatches"][0]["earlier_outcome"] == "400"
+    failed_where_plain_failed_too = [{"id": "1434", "status": 200, "stream_error": "boom"}]
+    assert not soak.compare_against(failed_where_plain_failed_too, str(plain))["ok"]
+    assert not soak.compare_against([{"id": "77", "status": 200}], str(plain))["ok"]
