@@ -26,7 +26,7 @@ import threading
 import logging
 from typing import Any, Callable
 
-log = logging.getLogger("turingbox_plugin.vllm_fixes")
+log = logging.getLogger("vllm.turingbox_plugin.vllm_fixes")   # under vLLM's configured logger, or INFO lines vanish
 
 # The code each fix corrects, verbatim from vLLM 0.21.0 (vllm/v1/worker/gpu_input_batch.py and
 # vllm/v1/sample/rejection_sampler.py).

@@ -40,8 +40,8 @@ def test_language_model_only_answers_false_without_the_import(run):
     out = run("patched")
     assert out["applied"] == out["applied_again"] == "applied"
     assert out["language_model_only"] == {"supports": False, "model_imports": 0}
-    # vLLM's own "running in text-only mode" line still appears, once: startup timelines end a step on it
-    assert sum("running in text-only mode" in line for line in out["said"]) == 1
+    # vLLM's "running in text-only mode" line still appears in vLLM's log, once: startup timelines end a step on it
+    assert sum("running in text-only mode" in line for line in out["said_for_language_model_only"]) == 1
 
 
 def test_other_configurations_get_vllms_answer(run):

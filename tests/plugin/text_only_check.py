@@ -29,8 +29,9 @@ class Said(logging.Handler):
         said.append(record.getMessage())
 
 
-logging.getLogger("turingbox_plugin.vllm_fixes").addHandler(Said())
-logging.getLogger("turingbox_plugin.vllm_fixes").setLevel("INFO")
+# on vLLM's own "vllm" logger, as configured by vLLM at import (level INFO, no propagation): a line the plugin logs
+# elsewhere never reaches vLLM's log (session 9's GPU log had no text-only line for that reason)
+logging.getLogger("vllm").addHandler(Said())
 
 
 def create_processing_info(self, model_config, tokenizer=None):
@@ -56,6 +57,7 @@ def ask(name, multimodal=True, **mm):
 
 
 out["language_model_only"] = ask("lmo", language_model_only=True)
+out["said_for_language_model_only"] = list(said)       # before vLLM's own info_once for the cases below
 out["language_model_only_with_embeds"] = ask("lmo-embeds", language_model_only=True, enable_mm_embeds=True)
 out["limits_zero"] = ask("zero", limit_per_prompt={"image": 0, "video": 0})
 out["images"] = ask("images", limit_per_prompt={"image": 1, "video": 0})
