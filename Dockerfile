@@ -169,6 +169,12 @@ RUN python -m turingbox.build.aot --arch "${TRITON_AOT_ARCHS}" --cache-dir /opt/
 # Each new cache entry starts with these kernels (turingbox.cache.store copies them in).
 ENV TURINGBOX_AOT_TRITON_DIR=/opt/turingbox/triton-cache
 
+# vLLM's model-class facts for the image's architectures (Qwen3.6 and its MTP drafter), written by vLLM's own
+# registry without a GPU: without them vLLM imports each class in a fresh interpreter at every start from an empty
+# cache entry (44-66 s on the H200, docs/startup.md). Each new cache entry starts with a copy.
+RUN python -m turingbox.build.modelinfos --out /opt/turingbox/vllm-modelinfos
+ENV TURINGBOX_AOT_MODELINFOS_DIR=/opt/turingbox/vllm-modelinfos
+
 # FlashInfer's modules from the flashinfer-aot stage (<dir>/.cache/flashinfer/<version>/<arch>/cached_ops/<uri>/);
 # a new cache entry's flashinfer/ (FLASHINFER_WORKSPACE_BASE) starts with a copy of them.
 COPY --from=flashinfer-aot /opt/turingbox/flashinfer-aot /opt/turingbox/flashinfer-aot

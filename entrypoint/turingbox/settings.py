@@ -310,6 +310,8 @@ _CACHE = (  # the compile cache (serve, warmup, cache show/verify/seed)
             "copied into the triton/ folder of every new cache entry"),
     Setting("aot_flashinfer_dir", "FlashInfer modules built ahead of time at image build (python -m "
             "turingbox.build.flashinfer_aot), copied into the flashinfer/ folder of every new cache entry"),
+    Setting("aot_modelinfos_dir", "vLLM's model-class facts computed at image build (python -m "
+            "turingbox.build.modelinfos), copied into the vllm/ folder of every new cache entry"),
 )
 
 _WARMUP = (  # turingbox warmup / cache seed

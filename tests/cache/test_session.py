@@ -257,3 +257,42 @@ def test_a_new_entry_starts_with_the_ahead_of_time_kernels(tmp_path, plan):
     assert hit.status["result"] == "hit" and "aot_kernels" not in hit.status
     assert open(os.path.join(triton_dir, "HASHA", "k.cubin"), "rb").read() == b"engine"
     hit.finish(True)
+
+
+def test_a_new_entry_starts_with_vllms_model_infos(tmp_path, plan, caplog):
+    """vLLM imports each model class in a fresh interpreter when VLLM_CACHE_ROOT has no model info for it
+    (44-66 s per empty-cache start on the H200): a new entry gets the image's files and any other entry's."""
+    image = tmp_path / "image" / "modelinfos"
+    image.mkdir(parents=True)
+    (image / "qwen3_5-Qwen3_5ForConditionalGeneration.json").write_text('{"hash": "image"}')
+    (image / "qwen3_5_mtp-Qwen3_5MTP.json").write_text('{"hash": "image-mtp"}')
+    vol = tmp_path / "vol"
+    other = seed(make_plan(tensor_parallel_size=4), vol, {"vllm/modelinfos/other-Arch.json": b'{"hash": "other"}'})
+    env = {"TURINGBOX_AOT_MODELINFOS_DIR": str(image.parent)}
+    caplog.set_level(logging.INFO, logger="turingbox.cache")
+    s = store.prepare_cache(plan, str(vol), environ=env)
+    infos = os.path.join(s.env["VLLM_CACHE_ROOT"], "modelinfos")
+    assert s.status["result"] == "miss" and s.status["modelinfos"] == 3
+    assert sorted(os.listdir(infos)) == ["other-Arch.json", "qwen3_5-Qwen3_5ForConditionalGeneration.json",
+                                         "qwen3_5_mtp-Qwen3_5MTP.json"]
+    assert "3 vLLM model-info files" in caplog.text
+    # vLLM rewrites a stale file in the entry; a later seeding never overwrites what the entry has
+    open(os.path.join(infos, "qwen3_5_mtp-Qwen3_5MTP.json"), "w").write('{"hash": "vllm"}')
+    assert store.seed_modelinfos([str(image)], s.env["VLLM_CACHE_ROOT"]) == 0
+    assert json.load(open(os.path.join(infos, "qwen3_5_mtp-Qwen3_5MTP.json"))) == {"hash": "vllm"}
+    s.finish(True)
+    hit = store.prepare_cache(plan, str(vol), environ=env)
+    assert hit.status["result"] == "hit" and "modelinfos" not in hit.status
+    hit.finish(True)
+    assert other.status["modelinfos"] == 0      # the first entry on an empty volume, no image files: nothing
+
+
+def test_an_unreadable_model_info_source_is_skipped_with_a_warning(tmp_path, caplog):
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "a.json").write_text("{}")
+    (good / "notes.txt").write_text("not vLLM's")
+    caplog.set_level(logging.WARNING, logger="turingbox.cache")
+    assert store.seed_modelinfos([str(tmp_path / "gone"), str(good)], str(tmp_path / "entry" / "vllm")) == 1
+    assert os.listdir(tmp_path / "entry" / "vllm" / "modelinfos") == ["a.json"]
+    assert "unreadable" in caplog.text and "gone" in caplog.text

@@ -170,8 +170,13 @@ for phase in "$@"; do
               # its memory profile counted soak64's 77 GiB, loaded meanwhile, as its own (KV -71.5 GiB): don't.
               [ -z "$SOAK_PEER" ] || bash tests/gpu/soak_gate.sh $SOAK_PEER serving $SOAK_GATE_S >> $R/soak-gates.txt 2>&1
               rm -rf /tmp/tbsoak-awq
+              # the image's model infos (Dockerfile: turingbox.build.modelinfos), which a new entry starts with: vLLM
+              # then skips its two model-class inspections (session 9's cold AWQ start: 66 s before the engine)
+              [ -d /tmp/tb-modelinfos/modelinfos ] || python3 -m turingbox.build.modelinfos --out /tmp/tb-modelinfos \
+                > $R/modelinfos.txt 2>&1
               timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo-awq --phase soakawq --gpus $one,$one \
                 --skip-plain --cache /tmp/tbsoak-awq --out $R --no-decode --ready-limit 900 --port-offset 30 \
+                --env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos \
                 --env TURINGBOX_GPU_MEMORY_UTILIZATION=0.33 --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
                 --after="touch /tmp/session/soakawq.serving; python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soakawq > \$OUT/soak-soakawq.txt 2>&1; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soakawq.json > \$OUT/jit-report-soakawq.txt 2>&1; $(soak_gate plain-serving)"
               touch /tmp/session/soakawq.serving

@@ -133,6 +133,43 @@ print(json.dumps({'kernels': kernels, 'cubins': cubins, 'writable': os.access(ro
     assert env.get("TURINGBOX_AOT_TRITON_DIR") == "/opt/turingbox/triton-cache"
 
 
+def test_vllm_takes_the_baked_model_infos_instead_of_inspecting(image, image_config):
+    """The build's model infos are what the image's vLLM accepts: with them as VLLM_CACHE_ROOT (a copy, as a new
+    cache entry gets) its registry answers without importing the class in a subprocess; with an empty
+    VLLM_CACHE_ROOT (the control) it does import."""
+    code = r"""
+import json, os, shutil, sys, tempfile
+src = os.environ['TURINGBOX_AOT_MODELINFOS_DIR']
+entry = tempfile.mkdtemp()
+shutil.copytree(os.path.join(src, 'modelinfos'), os.path.join(entry, 'modelinfos'))
+os.environ['VLLM_CACHE_ROOT'] = entry if sys.argv[1] == 'copy' else tempfile.mkdtemp()
+from vllm.model_executor.models import registry
+inspected = []
+def no_subprocess(fn):
+    inspected.append(1)
+    raise RuntimeError('inspected in a subprocess')
+registry._run_in_subprocess = no_subprocess
+out = {}
+for arch in ('Qwen3_5ForConditionalGeneration', 'Qwen3_5MTP'):
+    try:
+        info = registry.ModelRegistry._try_inspect_model_cls(arch)
+    except RuntimeError:
+        info = None
+    out[arch] = None if info is None else {'is_hybrid': info.is_hybrid, 'supports_multimodal': info.supports_multimodal}
+print(json.dumps({'infos': out, 'subprocesses': len(inspected), 'files': sorted(os.listdir(os.path.join(src, 'modelinfos')))}))
+"""
+    env = dict(e.split("=", 1) for e in image_config["Config"]["Env"])
+    assert env.get("TURINGBOX_AOT_MODELINFOS_DIR") == "/opt/turingbox/vllm-modelinfos"
+    runs = {}
+    for mode in ("copy", "empty"):
+        r = docker("run", "--rm", "--entrypoint", "python3", image, "-c", code, mode)
+        runs[mode] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert runs["copy"]["subprocesses"] == 0, runs["copy"]
+    assert runs["copy"]["infos"]["Qwen3_5ForConditionalGeneration"] == {"is_hybrid": True, "supports_multimodal": True}
+    assert runs["copy"]["infos"]["Qwen3_5MTP"] is not None and len(runs["copy"]["files"]) == 2
+    assert runs["empty"]["subprocesses"] == 2, runs["empty"]          # the control: vLLM's own slow path
+
+
 def test_demo_tokenizer_is_prebuilt(image):
     r = docker("run", "--rm", "--entrypoint", "sh", image, "-c", "ls /models/.turingbox-tokenizer/*/")
     assert "tokenizer.json" in r.stdout, r.stdout

@@ -25,7 +25,7 @@ from turingbox.settings import PLAN_SETTINGS      # the one table: REGISTRY hold
 
 ALL = sorted(S.REGISTRY)
 PATHLIKE = {"model", "gpus_json", "runtime_dir", "models_dir", "plan_file", "cache_dir", "baked_cache_dir",
-            "aot_triton_dir"}
+            "aot_triton_dir", "aot_modelinfos_dir"}
 TRIED: Counter = Counter()
 
 EDGE = ["", " ", "0", "-0", "-1", "1", "2", "3", "8", "65535", "65536", "1e309", "-1e309", "nan", "inf", "-inf",

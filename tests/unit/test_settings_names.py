@@ -69,6 +69,7 @@ ENVIRON_EXCEPTIONS = {
     "entrypoint/turingbox/build/aot.py": "image build: TRITON_CACHE_DIR, CC, TURINGBOX_VLLM_SRC",
     "entrypoint/turingbox/build/aot_specs/derive.py": "image build: TURINGBOX_VLLM_SRC",
     "entrypoint/turingbox/build/flashinfer_aot.py": "image build: CUDA/CC variables, source paths, the build env",
+    "entrypoint/turingbox/build/modelinfos.py": "image build: VLLM_CACHE_ROOT for vLLM's own model inspection",
     "entrypoint/turingbox/build/bake.py": "host tool: forwards the host's TURINGBOX_* into the planning container",
     "entrypoint/turingbox/build/seed_docker.py": "host tool: the volume name; forwards TURINGBOX_* into the container",
     "plugin/turingbox_plugin/__init__.py": "defaults for vLLM's/Triton's variables",

@@ -18,6 +18,7 @@ an unusable volume falls back to a temporary directory. Serve always starts.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import logging
@@ -55,7 +56,8 @@ MIN_FREE_BYTES = 1 << 30
 # entry_problems' verdict on an interrupted seed: a normal miss, not corruption (verify and bake tell them apart).
 INCOMPLETE = "entry is incomplete (its manifest was never completed)"
 
-# cache_dir, baked_cache_dir, cache_lock_wait, aot_triton_dir, aot_flashinfer_dir: declared in turingbox.settings
+# cache_dir, baked_cache_dir, cache_lock_wait, aot_triton_dir, aot_flashinfer_dir, aot_modelinfos_dir: declared in
+# turingbox.settings
 CACHE_SETTINGS = settings.CACHE_SETTINGS
 
 
@@ -285,6 +287,53 @@ def seed_aot_kernels(aot_dir: str, triton_dir: str) -> int:
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             log.warning("could not copy ahead-of-time kernel %s: %s", src, exc)
+    return copied
+
+
+MODELINFOS = "modelinfos"     # vLLM's model-class facts under VLLM_CACHE_ROOT (turingbox.build.modelinfos)
+
+
+def modelinfo_sources(aot_dir: str | None, roots: list[str | None], key: str) -> list[str]:
+    """Where a new entry can find vLLM's modelinfo files: the image's (aot_modelinfos_dir), then every other
+    entry on the volume and in the baked layer. They describe vLLM's model classes, not the plan, so any
+    entry's are as good as the image's."""
+    dirs = [os.path.join(aot_dir, MODELINFOS)] if aot_dir else []
+    for root in roots:
+        if root:
+            dirs += [os.path.join(entry_dir(root, k), CACHES["vllm"][0], MODELINFOS)
+                     for k in sorted(list_entries(root)) if k != key]
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def seed_modelinfos(sources: list[str], vllm_dir: str) -> int:
+    """Copy vLLM's modelinfo JSON files that `vllm_dir`/modelinfos lacks; returns how many were copied.
+
+    vLLM names a file after the model class and checks the hash of the class's source file stored in it, so a
+    file from another vLLM is ignored (and rewritten) by vLLM, never used: copying cannot make vLLM wrong.
+    Without them vLLM imports each architecture in a fresh interpreter before it starts its engine (44-66 s on
+    the H200 for Qwen3.6 and its MTP drafter, docs/startup.md)."""
+    dst_dir = os.path.join(vllm_dir, MODELINFOS)
+    copied = 0
+    for src_dir in sources:
+        try:
+            names = sorted(n for n in os.listdir(src_dir) if n.endswith(".json"))
+        except OSError as exc:
+            log.warning("model-info directory %s unreadable: %s", src_dir, exc)
+            continue
+        for name in names:
+            dst = os.path.join(dst_dir, name)
+            if os.path.exists(dst):
+                continue
+            tmp = f"{dst}.tmp-{os.getpid()}"
+            try:
+                os.makedirs(dst_dir, exist_ok=True)
+                shutil.copyfile(os.path.join(src_dir, name), tmp)
+                os.replace(tmp, dst)
+                copied += 1
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
+                log.warning("could not copy model info %s: %s", os.path.join(src_dir, name), exc)
     return copied
 
 
@@ -532,6 +581,13 @@ def prepare_cache(plan: Any, cache_root: str | None = None, *, baked_root: str |
             if added:
                 _event(status, logging.INFO, f"cache entry {key}: {added} ahead-of-time Triton files from "
                        f"{resolved['aot_triton_dir']}")
+        if result == "miss":
+            sources = modelinfo_sources(resolved["aot_modelinfos_dir"], [shared_root or root, baked], key)
+            infos = seed_modelinfos(sources, os.path.join(entry, CACHES["vllm"][0]))
+            status["modelinfos"] = infos
+            if infos:
+                _event(status, logging.INFO, f"cache entry {key}: {infos} vLLM model-info files from "
+                       f"{', '.join(sources)} (vLLM skips inspecting those model classes)")
         if result == "miss" and resolved["aot_flashinfer_dir"]:
             modules = seed_workspace(resolved["aot_flashinfer_dir"], os.path.join(entry, CACHES["flashinfer"][0]))
             status["aot_flashinfer_modules"] = modules
