@@ -33,6 +33,10 @@ MILESTONES = [
     ("sidecar Python start + imports (turingbox)", "sidecar", r"sidecar listening"),
     ("planning (turingbox)", "sidecar", r"starting vLLM: "),
     ("vLLM CLI + API-server imports", "APIServer", r"non-default args"),
+    # ends at the last "Resolved architecture" before the next milestone (the model's, then the MTP drafter's):
+    # ~0 s when the cache entry holds vLLM's model infos, 44-66 s of subprocess imports when not (docs/startup.md)
+    ("API server: model-class inspection (subprocesses without cached model infos)", "APIServer",
+     r"Resolved architecture"),
     ("API server: config, tokenizer + model-module import", "APIServer", r"running in text-only mode|registry\.py"),
     ("engine-core process spawn + imports", "EngineCore", r"Initializing a V1 LLM engine"),
     ("engine core: worker + model-module imports, tokenizer", "EngineCore",
@@ -77,11 +81,14 @@ def parse(lines: list[str], t0: str | None = None, ready_s: float | None = None)
     t_start = start.timestamp() if start else events[0][0]
     recompiled = any(RECOMPILED.search(e[2]) for e in events)
     steps, last, i = [], t_start, 0
-    for name, proc, pat in MILESTONES:
+    for idx, (name, proc, pat) in enumerate(MILESTONES):
         rx = re.compile(pat)
         for j in range(i, len(events)):
             t, p, text, n = events[j]
             if p == proc and rx.search(text):
+                if name.startswith("API server: model-class"):
+                    j = _last_before_next_milestone(events, j, proc, rx, MILESTONES[idx + 1])
+                    t, n = events[j][0], events[j][3]
                 if name.startswith("torch.compile"):   # the model's, then the drafter's: the step ends at the last one
                     k = next((k for k in range(j + 1, len(events)) if events[k][1] == proc
                               and rx.search(events[k][2])), None)
@@ -102,6 +109,20 @@ def parse(lines: list[str], t0: str | None = None, ready_s: float | None = None)
         last = t_start + ready_s
     return {"t0": dt.datetime.fromtimestamp(t_start).isoformat(), "ready_s": round(last - t_start, 1),
             "recompiled": recompiled, "steps": steps}
+
+
+def _last_before_next_milestone(events: list, j: int, proc: str, rx: re.Pattern, following: tuple) -> int:
+    """Index of the last event of `proc` matching rx from j on, before the first event of the following
+    milestone."""
+    _name, next_proc, next_pat = following
+    nrx = re.compile(next_pat)
+    last = j
+    for k in range(j + 1, len(events)):
+        if events[k][1] == next_proc and nrx.search(events[k][2]):
+            break
+        if events[k][1] == proc and rx.search(events[k][2]):
+            last = k
+    return last
 
 
 def chart(result: dict, path: str, title: str) -> None:

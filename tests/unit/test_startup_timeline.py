@@ -15,7 +15,9 @@ def test_session7_seeded_start_timeline(tmp_path):
                    check=True, capture_output=True, text=True, timeout=120)
     r = json.loads(out.read_text())
     steps = {s["step"]: s for s in r["steps"]}
-    assert len(steps) == 13
+    assert len(steps) == 14
+    # a seeded entry holds vLLM's model infos: no subprocess inspection of the model classes
+    assert steps["API server: model-class inspection (subprocesses without cached model infos)"]["seconds"] == 0.0
     assert "sidecar Python start + imports (turingbox)" not in steps   # no --t0: the first line starts the clock
     # the sidecar logged "ready after 111.7 s"; vLLM's own lines are known to the second
     assert abs(r["ready_s"] - 111.7) < 1.0
@@ -44,6 +46,18 @@ def test_session8_plain_vllm_log_with_the_harness_clock(tmp_path):
     assert steps["vLLM CLI + API-server imports"]["seconds"] == 16.6
     assert steps["torch.compile, recompiled: cache miss (model + drafter)"]["seconds"] == 53.0
     assert abs(sum(s["seconds"] for s in r["steps"]) - r["ready_s"]) < 0.2
+
+
+def test_session9_cold_awq_start_spends_66_s_inspecting_the_model_classes(tmp_path):
+    """An empty entry: vLLM imports Qwen3_5ForConditionalGeneration, then Qwen3_5MTP, each in a subprocess; the
+    step ends at the second "Resolved architecture" line, not the first."""
+    log = os.path.join(REPO, "docs", "data", "2026-12-02-h200-s9", "turingbox-soakawq.log.gz")
+    out = tmp_path / "a.json"
+    subprocess.run([sys.executable, os.path.join(REPO, "bench", "startup_timeline.py"), log, "--json", str(out)],
+                   check=True, capture_output=True, text=True, timeout=120)
+    steps = {s["step"]: s for s in json.loads(out.read_text())["steps"]}
+    assert steps["API server: model-class inspection (subprocesses without cached model infos)"]["seconds"] == 66.0
+    assert steps["API server: config, tokenizer + model-module import"]["seconds"] == 5.0
 
 
 def test_a_log_without_milestones_is_one_sentence(tmp_path):
