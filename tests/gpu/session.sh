@@ -183,14 +183,15 @@ for phase in "$@"; do
               python3 tests/gpu/soak.py --verdict --tag soakawq --out $R --log turingbox-soakawq.log > $R/verdict-soakawq.txt 2>&1 ;;
     replay8)  # issue 15 beside soakawq: session 8's soak records replayed against turingbox with the fixes since
               # (4-layer demo served as "demo", eager, session 8's max_model_len and max_num_seqs), compared by id with
-              # plain vLLM's answers recorded in session 8 (soak.py --against); started once SOAK_PEER serves
+              # plain vLLM's answers recorded in session 8 (soak.py --against); started once SOAK_PEER serves (session 9: its
+              # first start, compiling beside the AWQ soak, missed a 400 s ready limit)
               D8=docs/data/2026-12-02-h200-s8; mkdir -p /tmp/s8
               zcat $D8/soak-soak64.jsonl.gz > /tmp/s8/soak-soak64.jsonl; cp $D8/soak-soak64.json /tmp/s8/
               zcat $D8/replay-soak64.jsonl.gz > /tmp/s8/replay-plain-soak64.jsonl
               [ -d /tmp/r8/demo ] || python3 -m turingbox demo-model /tmp/r8/demo --layers 4
               [ -z "$SOAK_PEER" ] || bash tests/gpu/soak_gate.sh $SOAK_PEER serving $SOAK_GATE_S >> $R/soak-gates.txt 2>&1
               timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/r8/demo --phase replay8 --gpus $one,$one \
-                --skip-plain --cache /tmp/tbcache-replay8 --out $R --no-decode --ready-limit 400 --port-offset 60 \
+                --skip-plain --cache /tmp/tbcache-replay8 --out $R --no-decode --ready-limit 600 --port-offset 60 \
                 --extra=--enforce-eager --env TURINGBOX_GPU_MEMORY_UTILIZATION=0.3 --env TURINGBOX_MAX_MODEL_LEN=19200 \
                 --env TURINGBOX_MAX_NUM_SEQS=16 --after-timeout 400 \
                 --after="python3 tests/gpu/soak.py --replay /tmp/s8/soak-soak64.jsonl --url http://127.0.0.1:\$PROXY_PORT --replay-concurrency 8 --tag s8-fixed --against /tmp/s8/replay-plain-soak64.jsonl --out \$OUT > \$OUT/replay-s8-fixed.txt 2>&1" ;;
