@@ -87,7 +87,7 @@ def parse(lines: list[str], t0: str | None = None, ready_s: float | None = None)
             t, p, text, n = events[j]
             if p == proc and rx.search(text):
                 if name.startswith("API server: model-class"):
-                    j = _last_before_next_milestone(events, j, proc, rx, MILESTONES[idx + 1])
+                    j = _last_before_next_milestone(events, j, proc, rx, MILESTONES[idx + 1:])
                     t, n = events[j][0], events[j][3]
                 if name.startswith("torch.compile"):   # the model's, then the drafter's: the step ends at the last one
                     k = next((k for k in range(j + 1, len(events)) if events[k][1] == proc
@@ -111,14 +111,13 @@ def parse(lines: list[str], t0: str | None = None, ready_s: float | None = None)
             "recompiled": recompiled, "steps": steps}
 
 
-def _last_before_next_milestone(events: list, j: int, proc: str, rx: re.Pattern, following: tuple) -> int:
-    """Index of the last event of `proc` matching rx from j on, before the first event of the following
-    milestone."""
-    _name, next_proc, next_pat = following
-    nrx = re.compile(next_pat)
+def _last_before_next_milestone(events: list, j: int, proc: str, rx: re.Pattern, following: list) -> int:
+    """Index of the last event of `proc` matching rx from j on, before the first event of any later milestone
+    (the next one may be absent from a log: a plain vLLM's, or a cut-short start)."""
+    later = [(p, re.compile(pat)) for _name, p, pat in following]
     last = j
     for k in range(j + 1, len(events)):
-        if events[k][1] == next_proc and nrx.search(events[k][2]):
+        if any(events[k][1] == p and r.search(events[k][2]) for p, r in later):
             break
         if events[k][1] == proc and rx.search(events[k][2]):
             last = k

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from turingbox.cache import store
-from conftest import make_plan, turingbox_temporaries
+from conftest import SOFTWARE, make_plan, turingbox_temporaries
 
 
 def seed(plan, root, files=None):
@@ -259,15 +259,29 @@ def test_a_new_entry_starts_with_the_ahead_of_time_kernels(tmp_path, plan):
     hit.finish(True)
 
 
-def test_a_new_entry_starts_with_vllms_model_infos(tmp_path, plan, caplog):
+INFO = '{"hash": "%s", "modelinfo": {"is_hybrid": true}}'
+
+
+def test_a_new_entry_starts_with_vllms_model_infos(tmp_path, plan, caplog, monkeypatch):
     """vLLM imports each model class in a fresh interpreter when VLLM_CACHE_ROOT has no model info for it
-    (44-66 s per empty-cache start on the H200): a new entry gets the image's files and any other entry's."""
+    (44-66 s per empty-cache start on the H200): a new entry gets the image's files and those of any other
+    completed entry made with the same vLLM, never a malformed file or one from an interrupted entry."""
+    monkeypatch.delenv("TURINGBOX_AOT_MODELINFOS_DIR", raising=False)     # seed() below reads the environment
     image = tmp_path / "image" / "modelinfos"
     image.mkdir(parents=True)
-    (image / "qwen3_5-Qwen3_5ForConditionalGeneration.json").write_text('{"hash": "image"}')
-    (image / "qwen3_5_mtp-Qwen3_5MTP.json").write_text('{"hash": "image-mtp"}')
+    (image / "qwen3_5-Qwen3_5ForConditionalGeneration.json").write_text(INFO % "image")
+    (image / "qwen3_5_mtp-Qwen3_5MTP.json").write_text(INFO % "image-mtp")
+    (image / "truncated-Arch.json").write_text('{"hash": "x", "model')
+    (image / "other-shape.json").write_text('{"hash": 3, "modelinfo": {}}')
     vol = tmp_path / "vol"
-    other = seed(make_plan(tensor_parallel_size=4), vol, {"vllm/modelinfos/other-Arch.json": b'{"hash": "other"}'})
+    other = seed(make_plan(tensor_parallel_size=4), vol, {"vllm/modelinfos/other-Arch.json": (INFO % "other").encode(),
+                                                          "vllm/modelinfos/qwen3_5_mtp-Qwen3_5MTP.json": b"{}"})
+    older = seed(make_plan(software={**SOFTWARE, "vllm": "0.20.0"}), vol,
+                 {"vllm/modelinfos/older-Arch.json": (INFO % "older vLLM").encode()})
+    crashed = store.prepare_cache(make_plan(max_num_seqs=64), str(vol))          # never finished: incomplete
+    os.makedirs(os.path.join(crashed.entry, "vllm", "modelinfos"), exist_ok=True)   # it got other's files
+    open(os.path.join(crashed.entry, "vllm", "modelinfos", "crashed-Arch.json"), "w").write(INFO % "crashed")
+    crashed.close()
     env = {"TURINGBOX_AOT_MODELINFOS_DIR": str(image.parent)}
     caplog.set_level(logging.INFO, logger="turingbox.cache")
     s = store.prepare_cache(plan, str(vol), environ=env)
@@ -275,16 +289,18 @@ def test_a_new_entry_starts_with_vllms_model_infos(tmp_path, plan, caplog):
     assert s.status["result"] == "miss" and s.status["modelinfos"] == 3
     assert sorted(os.listdir(infos)) == ["other-Arch.json", "qwen3_5-Qwen3_5ForConditionalGeneration.json",
                                          "qwen3_5_mtp-Qwen3_5MTP.json"]
+    assert json.load(open(os.path.join(infos, "qwen3_5_mtp-Qwen3_5MTP.json")))["hash"] == "image-mtp"   # image first
     assert "3 vLLM model-info files" in caplog.text
     # vLLM rewrites a stale file in the entry; a later seeding never overwrites what the entry has
-    open(os.path.join(infos, "qwen3_5_mtp-Qwen3_5MTP.json"), "w").write('{"hash": "vllm"}')
-    assert store.seed_modelinfos([str(image)], s.env["VLLM_CACHE_ROOT"]) == 0
-    assert json.load(open(os.path.join(infos, "qwen3_5_mtp-Qwen3_5MTP.json"))) == {"hash": "vllm"}
+    open(os.path.join(infos, "qwen3_5_mtp-Qwen3_5MTP.json"), "w").write(INFO % "vllm")
+    assert store.seed_modelinfos([str(image)], s.env["VLLM_CACHE_ROOT"]) == {}
+    assert json.load(open(os.path.join(infos, "qwen3_5_mtp-Qwen3_5MTP.json")))["hash"] == "vllm"
     s.finish(True)
+    assert not store.entry_problems(s.entry, plan["cache_key"], deep=True)
     hit = store.prepare_cache(plan, str(vol), environ=env)
     assert hit.status["result"] == "hit" and "modelinfos" not in hit.status
     hit.finish(True)
-    assert other.status["modelinfos"] == 0      # the first entry on an empty volume, no image files: nothing
+    assert other.status["modelinfos"] == 0 and older.status["modelinfos"] == 0   # nothing usable before them
 
 
 def test_an_unreadable_model_info_source_is_skipped_with_a_warning(tmp_path, caplog):
@@ -293,6 +309,7 @@ def test_an_unreadable_model_info_source_is_skipped_with_a_warning(tmp_path, cap
     (good / "a.json").write_text("{}")
     (good / "notes.txt").write_text("not vLLM's")
     caplog.set_level(logging.WARNING, logger="turingbox.cache")
-    assert store.seed_modelinfos([str(tmp_path / "gone"), str(good)], str(tmp_path / "entry" / "vllm")) == 1
+    (good / "a.json").write_text(INFO % "good")
+    assert store.seed_modelinfos([str(tmp_path / "gone"), str(good)], str(tmp_path / "entry" / "vllm")) == {str(good): 1}
     assert os.listdir(tmp_path / "entry" / "vllm" / "modelinfos") == ["a.json"]
     assert "unreadable" in caplog.text and "gone" in caplog.text

@@ -685,28 +685,37 @@ def compare_against(answers: list[dict], against_jsonl: str, earlier: list[dict]
     """A replay's answers (the server judged, e.g. turingbox after a fix) beside another server's recorded answers
     to the same soak requests (e.g. plain vLLM's replay JSONL of an earlier session), by request id. Explained
     differences: a refusal of a request plain vLLM fails internally (split_replay_mismatches), and a complete
-    answer where plain vLLM failed internally (not an error of the server judged). `earlier`, the soak's own
-    records, only puts the first outcome beside each difference."""
+    answer where plain vLLM failed internally to a request the generator expects to succeed (any other request
+    plain vLLM fails and the judged server answers is listed for review). Every request the other server answered
+    must have been replayed, as the same request (endpoint and kind). `earlier`, the soak's own records, only
+    puts the first outcome beside each difference."""
     theirs = {str(r["id"]): r for r in _jsonl(against_jsonl)}
     first = {str(r["id"]): outcome(r) for r in earlier or []}
-    pairs, mism, n = collections.Counter(), [], 0
-    for a in answers:
-        t = theirs.get(str(a["id"]))
-        if t is None:
+    mine = {str(a["id"]): a for a in answers}
+    pairs, mism, not_same_request = collections.Counter(), [], []
+    for i, t in theirs.items():
+        a = mine.get(i)
+        if a is None:
             continue
-        n += 1
+        if (a.get("endpoint"), a.get("kind")) != (t.get("endpoint"), t.get("kind")):
+            not_same_request.append(i)
+            continue
         ours, other = outcome(a), outcome(t)
         pairs[f"{ours}->{other}"] += 1
         if ours != other:
-            mism.append({"id": a["id"], "soak_outcome": ours, "plain_outcome": other,
-                         "earlier_outcome": first.get(str(a["id"])), "soak_error": (a.get("error") or "")[:200],
+            mism.append({"id": a["id"], "soak_outcome": ours, "plain_outcome": other, "expect": a.get("expect"),
+                         "earlier_outcome": first.get(i), "soak_error": (a.get("error") or "")[:200],
                          "plain_error": (t.get("error") or "")[:200], "kind": a.get("kind")})
-    answered = [m for m in mism if m["soak_outcome"] == "200" and _failed(m["plain_outcome"])]
+    answered = [m for m in mism if m["soak_outcome"] == "200" and _failed(m["plain_outcome"])
+                and m["expect"] in ("ok", "boundary")]
     own, unexplained = split_replay_mismatches([m for m in mism if m not in answered])
-    return {"against_jsonl": os.path.basename(against_jsonl), "n_compared": n, "n_same": n - len(mism),
+    missing = sorted(set(theirs) - set(mine), key=lambda x: (len(x), x))
+    n = sum(pairs.values())
+    return {"against_jsonl": os.path.basename(against_jsonl), "n_against": len(theirs), "n_compared": n,
+            "not_replayed": missing, "not_the_same_request": not_same_request, "n_same": n - len(mism),
             "pairs": dict(pairs), "n_turingbox_refusals_of_vllm_5xx": len(own),
-            "n_answered_where_vllm_failed": len(answered), "n_unexplained": len(unexplained),
-            "mismatches": mism, "ok": n > 0 and not unexplained}
+            "n_answered_where_vllm_failed": len(answered), "n_unexplained": len(unexplained), "mismatches": mism,
+            "ok": n > 0 and not unexplained and not missing and not not_same_request}
 
 
 def _jsonl(path: str) -> list[dict]:

@@ -257,25 +257,32 @@ def test_session8_beam_search_with_min_p_is_not_a_must_fail():
 def test_replay_against_an_earlier_servers_answers(tmp_path):
     """Session 9 replayed session 8's soak against turingbox with the fixes and compared by id with plain vLLM's
     recorded answers: a fixed false refusal is then the same; a refusal of a request vLLM fails with 500, and a
-    complete answer where vLLM's stream failed internally (id 1434), are explained; any other difference, or
-    nothing to compare, fails."""
+    complete answer where vLLM's stream failed internally (id 1434) on a request expected to succeed, are
+    explained; any other difference, a request of theirs not replayed or not the same request, fails."""
     import soak
     plain = tmp_path / "replay-plain.jsonl"
-    plain.write_text("\n".join(json.dumps(r) for r in [
+    req = {"endpoint": "chat", "kind": "short"}
+    plain.write_text("\n".join(json.dumps({**req, **r}) for r in [
         {"id": "297", "status": 200}, {"id": "9", "status": 500, "error": "Internal server error"},
         {"id": "1434", "status": 200, "stream_error": "Internal server error"}, {"id": "5", "status": 400}]) + "\n")
     own = "allowed_token_ids and structured_outputs leave no token to generate: none of the 36 allowed ids"
-    fixed = [{"id": "297", "status": 200}, {"id": "9", "status": 400, "error": own}, {"id": "1434", "status": 200},
-             {"id": "5", "status": 400, "error": "min_p"}, {"id": "77", "status": 200}]
+    fixed = [{**req, "expect": "boundary", **r} for r in [
+        {"id": "297", "status": 200}, {"id": "9", "status": 400, "error": own}, {"id": "1434", "status": 200},
+        {"id": "5", "status": 400, "error": "min_p", "expect": "fail:min_p_mtp"}, {"id": "77", "status": 200}]]
     earlier = [{"id": "297", "status": 400, "error": own}]
     res = soak.compare_against(fixed, str(plain), earlier)
-    assert res["ok"] and res["n_compared"] == 4 and res["n_same"] == 2, res
+    assert res["ok"] and res["n_against"] == res["n_compared"] == 4 and res["n_same"] == 2, res
     assert res["n_turingbox_refusals_of_vllm_5xx"] == 1 and res["n_answered_where_vllm_failed"] == 1
     assert res["pairs"] == {"200->200": 1, "400->500": 1, "200->200+internal-error": 1, "400->400": 1}
-    still_refused = [{"id": "297", "status": 400, "error": own}] + fixed[1:]
-    res = soak.compare_against(still_refused, str(plain), earlier)
-    assert not res["ok"] and res["n_unexplained"] == 1
-    assert res["mismatches"][0]["id"] == "297" and res["mismatches"][0]["earlier_outcome"] == "400"
-    failed_where_plain_failed_too = [{"id": "1434", "status": 200, "stream_error": "boom"}]
-    assert not soak.compare_against(failed_where_plain_failed_too, str(plain))["ok"]
-    assert not soak.compare_against([{"id": "77", "status": 200}], str(plain))["ok"]
+
+    def check(answers):
+        return soak.compare_against(answers, str(plain), earlier)
+    still_refused = check([{**fixed[0], "status": 400, "error": own}] + fixed[1:])
+    assert not still_refused["ok"] and still_refused["n_unexplained"] == 1
+    assert still_refused["mismatches"][0]["id"] == "297" and still_refused["mismatches"][0]["earlier_outcome"] == "400"
+    # a 200 where vLLM failed, to a request that must fail: for review, not explained
+    assert not check([*fixed[:2], {**fixed[2], "expect": "fail:json_schema_missing"}, *fixed[3:]])["ok"]
+    not_replayed = check([f for f in fixed if f["id"] != "5"])
+    assert not not_replayed["ok"] and not_replayed["not_replayed"] == ["5"]
+    other_request = check([*fixed[:3], {**fixed[3], "kind": "long"}, fixed[4]])
+    assert not other_request["ok"] and other_request["not_the_same_request"] == ["5"]

@@ -60,6 +60,21 @@ def test_session9_cold_awq_start_spends_66_s_inspecting_the_model_classes(tmp_pa
     assert steps["API server: config, tokenizer + model-module import"]["seconds"] == 5.0
 
 
+def test_inspection_step_ends_before_later_milestones_when_the_next_is_absent(tmp_path):
+    """Session 9's fork check has no API-server text-only line (the next milestone): the inspection step still
+    ends at its own last "Resolved architecture" (54 s), not at one of a later start in the same file."""
+    import gzip
+    s9 = os.path.join(REPO, "docs", "data", "2026-12-02-h200-s9")
+    log = tmp_path / "two-starts.log"
+    log.write_bytes(gzip.open(os.path.join(s9, "fork-check-4layer.log.gz")).read()
+                    + gzip.open(os.path.join(s9, "turingbox-soakawq.log.gz")).read())
+    out = tmp_path / "f.json"
+    subprocess.run([sys.executable, os.path.join(REPO, "bench", "startup_timeline.py"), str(log), "--json", str(out)],
+                   check=True, capture_output=True, text=True, timeout=120)
+    steps = {s["step"]: s for s in json.loads(out.read_text())["steps"]}
+    assert steps["API server: model-class inspection (subprocesses without cached model infos)"]["seconds"] == 54.0
+
+
 def test_a_log_without_milestones_is_one_sentence(tmp_path):
     log = tmp_path / "empty.log"
     log.write_text("nothing here\n")

@@ -18,14 +18,14 @@ CLI (in the Docker build, no GPU):  python -m turingbox.build.modelinfos --out D
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import sys
 
+from turingbox.cache.store import MODELINFOS
+
 # The image's model (Qwen3.6, config in turingbox/data/qwen3.6-27b.json) and the MTP drafter vLLM builds for it.
 ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MTP")
-SUBDIR = "modelinfos"          # vLLM's folder under VLLM_CACHE_ROOT (registry._LazyRegisteredModel._get_cache_dir)
 
 
 def build(out: str, architectures: tuple[str, ...] = ARCHITECTURES) -> list[str]:
@@ -38,11 +38,17 @@ def build(out: str, architectures: tuple[str, ...] = ARCHITECTURES) -> list[str]
     if missing:
         raise SystemExit(f"modelinfos: vLLM could not inspect {', '.join(missing)}; "
                          f"its registry knows {len(ModelRegistry.get_supported_archs())} architectures.")
-    files = sorted(glob.glob(os.path.join(out, SUBDIR, "*.json")))
-    if len(files) < len(architectures):
-        raise SystemExit(f"modelinfos: vLLM wrote {len(files)} files to {os.path.join(out, SUBDIR)} for "
-                         f"{len(architectures)} architectures (a class outside vLLM's models package is not cached).")
-    for path in [out, os.path.join(out, SUBDIR), *files]:      # vLLM writes 0600; the image's user reads them
+    # the file vLLM names after each class (registry._LazyRegisteredModel._get_cache_filename)
+    files = []
+    for arch in architectures:
+        model = ModelRegistry.models[arch]
+        name = f"{model.module_name}-{model.class_name}".replace(".", "-") + ".json"
+        files.append(os.path.join(out, MODELINFOS, name))
+    absent = [f for f in files if not os.path.isfile(f)]
+    if absent:
+        raise SystemExit(f"modelinfos: vLLM did not write {', '.join(absent)} (a class outside vLLM's models "
+                         "package is not cached).")
+    for path in [out, os.path.join(out, MODELINFOS), *files]:      # vLLM writes 0600; the image's user reads them
         os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
     return files
 

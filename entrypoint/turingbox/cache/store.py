@@ -18,7 +18,6 @@ an unusable volume falls back to a temporary directory. Serve always starts.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import json
 import logging
@@ -293,27 +292,45 @@ def seed_aot_kernels(aot_dir: str, triton_dir: str) -> int:
 MODELINFOS = "modelinfos"     # vLLM's model-class facts under VLLM_CACHE_ROOT (turingbox.build.modelinfos)
 
 
-def modelinfo_sources(aot_dir: str | None, roots: list[str | None], key: str) -> list[str]:
-    """Where a new entry can find vLLM's modelinfo files: the image's (aot_modelinfos_dir), then every other
-    entry on the volume and in the baked layer. They describe vLLM's model classes, not the plan, so any
-    entry's are as good as the image's."""
+def modelinfo_sources(aot_dir: str | None, roots: list[str | None], key: str, inputs: Mapping[str, Any]) -> list[str]:
+    """Where a new entry can find vLLM's modelinfo files, best first: the image's (aot_modelinfos_dir), then
+    every other completed entry made with the same vLLM, on the volume and in the baked layer. The files describe
+    vLLM's model classes, not the plan, so such an entry's are as good as the image's."""
     dirs = [os.path.join(aot_dir, MODELINFOS)] if aot_dir else []
+    vllm = (inputs.get("software") or {}).get("vllm")
     for root in roots:
-        if root:
-            dirs += [os.path.join(entry_dir(root, k), CACHES["vllm"][0], MODELINFOS)
-                     for k in sorted(list_entries(root)) if k != key]
+        if not root:
+            continue
+        for other, manifest in list_entries(root).items():
+            if other == key or not manifest or manifest_problem(manifest, other) or not manifest.get("completed"):
+                continue   # an interrupted or broken entry may hold a half-written file
+            if (manifest["inputs"].get("software") or {}).get("vllm") != vllm:
+                continue   # another vLLM's files would only be ignored by vLLM (their hash differs)
+            dirs.append(os.path.join(entry_dir(root, other), CACHES["vllm"][0], MODELINFOS))
     return [d for d in dirs if os.path.isdir(d)]
 
 
-def seed_modelinfos(sources: list[str], vllm_dir: str) -> int:
-    """Copy vLLM's modelinfo JSON files that `vllm_dir`/modelinfos lacks; returns how many were copied.
+def _modelinfo(path: str) -> dict | None:
+    """A modelinfo file as vLLM 0.21 writes it ({"hash": str, "modelinfo": {...}}), else None."""
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and isinstance(data.get("hash"), str) and isinstance(data.get("modelinfo"), dict)
+    return data if ok else None
+
+
+def seed_modelinfos(sources: list[str], vllm_dir: str) -> dict[str, int]:
+    """Copy the well-formed vLLM modelinfo files that `vllm_dir`/modelinfos lacks, the first source having a
+    name winning; returns {source: files copied} for the sources that gave any.
 
     vLLM names a file after the model class and checks the hash of the class's source file stored in it, so a
-    file from another vLLM is ignored (and rewritten) by vLLM, never used: copying cannot make vLLM wrong.
-    Without them vLLM imports each architecture in a fresh interpreter before it starts its engine (44-66 s on
-    the H200 for Qwen3.6 and its MTP drafter, docs/startup.md)."""
+    file from another vLLM is ignored (and rewritten) by vLLM, never used. A malformed one would stay, for a class
+    vLLM never loads, and make the entry fail `cache verify`: those are skipped. Without the files vLLM imports
+    each architecture in a fresh interpreter before it starts its engine (44-66 s on the H200 for Qwen3.6 and its
+    MTP drafter, docs/startup.md)."""
     dst_dir = os.path.join(vllm_dir, MODELINFOS)
-    copied = 0
+    copied: dict[str, int] = {}
     for src_dir in sources:
         try:
             names = sorted(n for n in os.listdir(src_dir) if n.endswith(".json"))
@@ -322,17 +339,14 @@ def seed_modelinfos(sources: list[str], vllm_dir: str) -> int:
             continue
         for name in names:
             dst = os.path.join(dst_dir, name)
-            if os.path.exists(dst):
+            data = None if os.path.exists(dst) else _modelinfo(os.path.join(src_dir, name))
+            if data is None:
                 continue
-            tmp = f"{dst}.tmp-{os.getpid()}"
             try:
                 os.makedirs(dst_dir, exist_ok=True)
-                shutil.copyfile(os.path.join(src_dir, name), tmp)
-                os.replace(tmp, dst)
-                copied += 1
+                write_json_atomic(dst, data)
+                copied[src_dir] = copied.get(src_dir, 0) + 1
             except OSError as exc:
-                with contextlib.suppress(OSError):
-                    os.remove(tmp)
                 log.warning("could not copy model info %s: %s", os.path.join(src_dir, name), exc)
     return copied
 
@@ -582,12 +596,12 @@ def prepare_cache(plan: Any, cache_root: str | None = None, *, baked_root: str |
                 _event(status, logging.INFO, f"cache entry {key}: {added} ahead-of-time Triton files from "
                        f"{resolved['aot_triton_dir']}")
         if result == "miss":
-            sources = modelinfo_sources(resolved["aot_modelinfos_dir"], [shared_root or root, baked], key)
-            infos = seed_modelinfos(sources, os.path.join(entry, CACHES["vllm"][0]))
-            status["modelinfos"] = infos
-            if infos:
-                _event(status, logging.INFO, f"cache entry {key}: {infos} vLLM model-info files from "
-                       f"{', '.join(sources)} (vLLM skips inspecting those model classes)")
+            sources = modelinfo_sources(resolved["aot_modelinfos_dir"], [shared_root or root, baked], key, inputs)
+            copied = seed_modelinfos(sources, os.path.join(entry, CACHES["vllm"][0]))
+            status["modelinfos"] = sum(copied.values())
+            if copied:
+                _event(status, logging.INFO, f"cache entry {key}: {status['modelinfos']} vLLM model-info files from "
+                       f"{', '.join(copied)} (vLLM skips inspecting those model classes)")
         if result == "miss" and resolved["aot_flashinfer_dir"]:
             modules = seed_workspace(resolved["aot_flashinfer_dir"], os.path.join(entry, CACHES["flashinfer"][0]))
             status["aot_flashinfer_modules"] = modules
