@@ -8,7 +8,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Set by the image or only meaningful for tests and tooling, so compose does not pass them through.
 IMAGE_INTERNAL = {
     "TURINGBOX_CACHE_DIR", "TURINGBOX_MODELS_DIR", "TURINGBOX_BAKED_CACHE_DIR", "TURINGBOX_AOT_TRITON_DIR",
-    "TURINGBOX_AOT_FLASHINFER_DIR",  # image paths
+    "TURINGBOX_AOT_FLASHINFER_DIR", "TURINGBOX_AOT_MODELINFOS_DIR",  # image paths
     "TURINGBOX_HOST", "TURINGBOX_UPSTREAM_PORT", "TURINGBOX_RUNTIME_DIR",  # the container's own network and tmp
     "TURINGBOX_GPUS_JSON", "TURINGBOX_VLLM_COMMAND", "TURINGBOX_PLAN_FILE",  # simulation and tests
     "TURINGBOX_CACHE_LOCK_WAIT", "TURINGBOX_EXIT_LINGER_SECONDS", "TURINGBOX_UPSTREAM_PROBE_SECONDS",  # tuning
