@@ -164,7 +164,8 @@ for phase in "$@"; do
               touch /tmp/session/soak64.plain-serving
               python3 tests/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
                 > $R/verdict-soak64.txt 2>&1 ;;
-    soakawq)  # issue 15: the AWQ demo, cold, at 0.33 of the GPU on other ports: first request check, the same soak
+    soakawq)  # issue 15: the AWQ demo, cold, at AWQ_UTIL (0.33: beside soak64) of the GPU on other ports: first request
+              # check, the same soak
               [ -d /tmp/demo-awq ] || python3 -m turingbox demo-model /tmp/demo-awq --awq
               # Starts take turns (soak_gate.sh): session 8 started this one once soakseed had sized its KV cache, and
               # its memory profile counted soak64's 77 GiB, loaded meanwhile, as its own (KV -71.5 GiB): don't.
@@ -177,7 +178,7 @@ for phase in "$@"; do
               timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo-awq --phase soakawq --gpus $one,$one \
                 --skip-plain --cache /tmp/tbsoak-awq --out $R --no-decode --ready-limit 900 --port-offset 30 \
                 --env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos \
-                --env TURINGBOX_GPU_MEMORY_UTILIZATION=0.33 --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
+                --env TURINGBOX_GPU_MEMORY_UTILIZATION=${AWQ_UTIL:-0.33} --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
                 --after="touch /tmp/session/soakawq.serving; python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soakawq > \$OUT/soak-soakawq.txt 2>&1; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soakawq.json > \$OUT/jit-report-soakawq.txt 2>&1; $(soak_gate plain-serving)"
               touch /tmp/session/soakawq.serving
               python3 tests/gpu/soak.py --verdict --tag soakawq --out $R --log turingbox-soakawq.log > $R/verdict-soakawq.txt 2>&1 ;;
