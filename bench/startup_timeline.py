@@ -33,7 +33,6 @@ MILESTONES = [
     ("sidecar Python start + imports (turingbox)", "sidecar", r"sidecar listening"),
     ("planning (turingbox)", "sidecar", r"starting vLLM: "),
     ("vLLM CLI + API-server imports", "APIServer", r"non-default args"),
-    # ends at the last "Resolved architecture" before the next milestone (the model's, then the MTP drafter's):
     # ~0 s when the cache entry holds vLLM's model infos, 44-66 s of subprocess imports when not (docs/startup.md)
     ("API server: model-class inspection (subprocesses without cached model infos)", "APIServer",
      r"Resolved architecture"),
@@ -50,6 +49,9 @@ MILESTONES = [
     ("engine handshake, API server routes + chat template", "APIServer", r"Starting vLLM server on"),
     ("active warmup + checks (turingbox)", "sidecar", r"stage: warming -> ready"),
 ]
+# Milestones printed once for the model and once for the MTP drafter.
+ENDS_AT_LAST = {"API server: model-class inspection (subprocesses without cached model infos)",
+                "torch.compile from the cache (model + drafter)"}
 RECOMPILED = re.compile(r"Compiling a graph for compile range|saved AOT compiled function")
 
 
@@ -86,16 +88,11 @@ def parse(lines: list[str], t0: str | None = None, ready_s: float | None = None)
         for j in range(i, len(events)):
             t, p, text, n = events[j]
             if p == proc and rx.search(text):
-                if name.startswith("API server: model-class"):
+                if name in ENDS_AT_LAST:   # the model's line, then the drafter's: the step ends at the last one
                     j = _last_before_next_milestone(events, j, proc, rx, MILESTONES[idx + 1:])
                     t, n = events[j][0], events[j][3]
-                if name.startswith("torch.compile"):   # the model's, then the drafter's: the step ends at the last one
-                    k = next((k for k in range(j + 1, len(events)) if events[k][1] == proc
-                              and rx.search(events[k][2])), None)
-                    if k is not None and not any(re.search(r"Available KV cache", e[2]) for e in events[j:k]):
-                        j, t, n = k, events[k][0], events[k][3]
-                    if recompiled:
-                        name = "torch.compile, recompiled: cache miss (model + drafter)"
+                if name.startswith("torch.compile") and recompiled:
+                    name = "torch.compile, recompiled: cache miss (model + drafter)"
                 if j == 0 and not start:       # the log's first line starts the clock: no step before it
                     last, i = t, j + 1
                     break

@@ -620,7 +620,7 @@ def split_replay_mismatches(mismatches: list[dict]) -> tuple[list[dict], list[di
 
 
 async def replay(args: argparse.Namespace) -> dict:
-    recs = [json.loads(l) for l in open(args.replay) if l.strip()]
+    recs = _jsonl(args.replay)
     summary_path = args.replay[:-len(".jsonl")] + ".json"
     seed = args.seed
     if os.path.exists(summary_path):
@@ -630,7 +630,7 @@ async def replay(args: argparse.Namespace) -> dict:
     four = [r for r in recs if 400 <= (r.get("status") or 0) < 500 or outcome(r).startswith("200+")]
     rest = [r for r in recs if r not in four]
     if args.against:   # the other server's sample: every request it answered is compared
-        ids = {str(json.loads(l)["id"]) for l in open(args.against) if l.strip()}
+        ids = {str(r["id"]) for r in _jsonl(args.against)}
         sample = [r for r in rest if str(r["id"]) in ids]
     else:
         sample = random.Random(f"replay-{seed}").sample(rest, min(args.sample, len(rest)))
@@ -801,7 +801,7 @@ def main() -> int:
         print(json.dumps(verdict(args), indent=1))
         return 0
     if args.plot:
-        recs = [json.loads(l) for l in open(args.plot) if l.strip()]
+        recs = _jsonl(args.plot)
         sp = args.plot[:-len(".jsonl")] + ".json"
         samples = json.load(open(sp))["jit_after_ready"]["samples"] if os.path.exists(sp) else []
         print(plot(recs, samples, args.plot[:-len(".jsonl")] + ".png", os.path.basename(args.plot)))
