@@ -17,13 +17,15 @@ The engine crash our traffic soak found (docs/data/2026-12-01-h200-s5/crash-anal
     fixed after 0.21). With a logprobs request in the batch, `_get_logprobs_tensors` gathers at that id, and
     the device-side assert kills the engine.
 `mask_rows` fixes 1. `logprobs_ids` keeps 2 from killing the engine whatever produced the id: the id is
-dropped from the output by `parse_output` anyway, so its logprob is never read.
+dropped from the output by `parse_output` anyway, so its logprob is never read. `prompt_logprobs_slices` keeps
+a prompt_logprobs request from needing GiBs that vLLM's memory profile never reserved (session 10's soak).
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
-import threading
 import logging
+import threading
 from typing import Any, Callable
 
 log = logging.getLogger("vllm.turingbox_plugin.vllm_fixes")   # under vLLM's configured logger, or INFO lines vanish
@@ -415,6 +417,98 @@ def fix_terminated_grammar() -> str:
     return "applied"
 
 
+# vLLM 0.21.0's GPUModelRunner._get_prompt_logprobs_dict: one request's whole scheduled chunk at once.
+PROMPT_LOGITS_WHOLE_CHUNK = "logits = self.model.compute_logits(prompt_hidden_states)"
+PROMPT_LOGPROBS_WHOLE_CHUNK = "logprobs = self.sampler.compute_logprobs(logits)"
+PROMPT_LOGPROBS_GATHER = "self.sampler.gather_logprobs("
+# What one slice of prompt logprobs may hold on a GPU at once. Per prompt token and vocabulary entry: the logits in
+# the model's 16-bit dtype, their tensor-parallel all-gather buffer, the fp32 copy log_softmax makes, and its fp32
+# output: 12 bytes. The planner keeps POST_KV_SLACK_MIB (384) outside vLLM's budget for buffers like this one.
+PROMPT_LOGPROBS_SLICE_MIB = 128
+PROMPT_LOGPROBS_BYTES_PER_ENTRY = 12
+
+
+def prompt_logprobs_rows(vocab_size: int) -> int:
+    """Prompt tokens per slice: PROMPT_LOGPROBS_SLICE_MIB over the vocabulary (45 for Qwen3.6's 248,320)."""
+    return max(1, (PROMPT_LOGPROBS_SLICE_MIB << 20) // (max(1, vocab_size) * PROMPT_LOGPROBS_BYTES_PER_ENTRY))
+
+
+_MISSING = object()
+
+
+class _DeferredLogits:
+    """The hidden states a prompt-logprobs call would have turned into logits: computed later, slice by slice."""
+
+    def __init__(self, hidden_states: Any) -> None:
+        self.hidden_states = hidden_states
+
+
+def fix_prompt_logprobs_slices() -> str:
+    """A request's prompt logprobs are computed in slices of a few dozen tokens, not its whole chunk at once.
+
+    vLLM 0.21 turns every scheduled prompt token of such a request into a row of logits over the whole vocabulary,
+    log-softmaxed in fp32: 7-12 bytes x 248,320 per token, up to 5.7 GiB for the 2,048-token chunk of a 2080 Ti
+    plan. Its memory profile never runs prompt logprobs, so that peak lies outside the budget it sized the KV cache
+    with. On the H200 the AWQ soak's engine held 7.6 GiB over its budget after a 3,667-token prompt_logprobs
+    request (benchmarks.md, session 10); on a 22 GB card such a request is a CUDA out-of-memory error in the
+    engine, which ends every request it serves. Here the three calls vLLM makes per request (compute_logits,
+    compute_logprobs, gather_logprobs) run per slice of `prompt_logprobs_rows` tokens; the rows are independent, so
+    the results are vLLM's. Every tensor-parallel rank slices the same chunk the same way (the all-gather inside
+    compute_logits stays matched). Applied in the worker.
+    """
+    from vllm.v1.outputs import LogprobsTensors
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(GPUModelRunner, "_turingbox_prompt_logprobs", False):
+        return "applied"
+    original = GPUModelRunner._get_prompt_logprobs_dict
+    for needle in (PROMPT_LOGITS_WHOLE_CHUNK, PROMPT_LOGPROBS_WHOLE_CHUNK, PROMPT_LOGPROBS_GATHER):
+        if not _unchanged(original, needle):
+            return "skipped: GPUModelRunner._get_prompt_logprobs_dict is not vLLM 0.21.0's"
+
+    def sliced(self: Any, hidden_states: Any, num_scheduled_tokens: dict[str, int]) -> Any:
+        if not self.num_prompt_logprobs:
+            return original(self, hidden_states, num_scheduled_tokens)
+        import torch
+
+        model, sampler = self.model, self.sampler
+        compute_logits, compute_logprobs, gather = model.compute_logits, sampler.compute_logprobs, \
+            sampler.gather_logprobs
+        rows = prompt_logprobs_rows(self.model_config.get_vocab_size())
+
+        def gather_sliced(logprobs: Any, num_logprobs: int, token_ids: Any) -> Any:
+            if not isinstance(logprobs, _DeferredLogits):
+                return gather(logprobs, num_logprobs, token_ids)
+            h, parts = logprobs.hidden_states, []
+            for start in range(0, h.shape[0], rows):
+                part = compute_logprobs(compute_logits(h[start:start + rows]))
+                parts.append(gather(part, num_logprobs, token_ids[start:start + rows]))
+                del part                                     # the slice's logits go before the next are made
+            return LogprobsTensors(*(torch.cat([p[i] for p in parts]) for i in range(3)))
+
+        # Instance attributes for the length of this call only: vLLM's own body runs unchanged around them.
+        swaps = ((model, "compute_logits", _DeferredLogits),
+                 (sampler, "compute_logprobs", lambda x: x if isinstance(x, _DeferredLogits) else compute_logprobs(x)),
+                 (sampler, "gather_logprobs", gather_sliced))
+        before = [(obj, name, getattr(obj, "__dict__", {}).get(name, _MISSING)) for obj, name, _ in swaps]
+        for obj, name, value in swaps:
+            setattr(obj, name, value)
+        try:
+            return original(self, hidden_states, num_scheduled_tokens)
+        finally:
+            for obj, name, value in before:
+                if value is _MISSING:
+                    with contextlib.suppress(AttributeError):
+                        delattr(obj, name)          # back to the class's method
+                else:
+                    setattr(obj, name, value)
+
+    sliced.__wrapped__ = original                  # type: ignore[attr-defined]
+    GPUModelRunner._get_prompt_logprobs_dict = sliced
+    GPUModelRunner._turingbox_prompt_logprobs = True
+    return "applied"
+
+
 # Applied by register() in every vLLM process the plugin is active in (the API server validates requests and
 # builds its renderer; the engine core runs the scheduler's grammars); each is cheap and never touches CUDA.
 REGISTER_FIXES: dict[str, Callable[[], str]] = {"allowed_vs_grammar": fix_allowed_vs_grammar,
@@ -427,7 +521,8 @@ def apply_at_register() -> dict[str, str]:
     return _apply(REGISTER_FIXES)
 
 
-FIXES: dict[str, Callable[[], str]] = {"mask_rows": fix_mask_rows, "logprobs_ids": fix_logprobs_ids}
+FIXES: dict[str, Callable[[], str]] = {"mask_rows": fix_mask_rows, "logprobs_ids": fix_logprobs_ids,
+                                       "prompt_logprobs_slices": fix_prompt_logprobs_slices}
 
 
 def apply_all() -> dict[str, str]:

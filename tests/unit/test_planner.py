@@ -550,3 +550,14 @@ def test_explicit_len_is_kept_exactly_when_one_sequence_fits(models):
 
 def test_demo_fallback_field_defaults_to_none(models):
     assert plan_for(models, "4x2080ti-22g", "awq").demo_fallback is None
+
+
+def test_prompt_logprobs_slices_fit_in_what_the_plan_keeps_outside_vllms_budget():
+    # vLLM's memory profile never runs prompt logprobs; the plugin computes them in slices of at most
+    # PROMPT_LOGPROBS_SLICE_MIB, which must fit in the post-KV slack every plan keeps outside the budget.
+    from turingbox_plugin.vllm_fixes import PROMPT_LOGPROBS_BYTES_PER_ENTRY, PROMPT_LOGPROBS_SLICE_MIB, \
+        prompt_logprobs_rows
+
+    assert PROMPT_LOGPROBS_SLICE_MIB < mem.POST_KV_SLACK_MIB
+    vocab = 248320                                   # Qwen3.6's vocabulary
+    assert prompt_logprobs_rows(vocab) * vocab * PROMPT_LOGPROBS_BYTES_PER_ENTRY <= PROMPT_LOGPROBS_SLICE_MIB * mem.MIB

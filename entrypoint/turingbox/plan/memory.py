@@ -47,7 +47,8 @@ NCCL_MIB = 320
 # (VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE = 394 MiB, lazily on the first metadata build) ...
 FLASHINFER_WORKSPACE_MIB = 394
 # ... and, on every backend, sampler/penalty buffers, CUDA-graph capture beyond vLLM's estimate,
-# and caching-allocator fragmentation.
+# caching-allocator fragmentation, and one slice of prompt logprobs (the plugin computes them in slices of
+# at most turingbox_plugin.vllm_fixes.PROMPT_LOGPROBS_SLICE_MIB; vLLM's own whole-chunk peak is GiBs).
 POST_KV_SLACK_MIB = 384
 # When another process already uses the card (desktop, X server: more than SHARED_GPU_USED_MIB in use;
 # an idle datacenter card shows ~0.5 GiB used by driver reservations), keep this much more for it to grow.
