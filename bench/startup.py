@@ -235,13 +235,20 @@ class Bench:
         # for both servers' vLLM.
         self.vllm_args = shlex.split(a.vllm_args)
         self.tb_passthrough = ["--", *self.vllm_args] if self.vllm_args else []
-        bad = [kv for kv in a.env if "=" not in kv or not kv.split("=", 1)[0]]
-        if bad:
-            raise SystemExit(f"bench: --env takes KEY=VALUE, got {bad[0]!r}.")
+        for opt, values in (("--env", a.env), ("--tb-env", a.tb_env)):
+            bad = [kv for kv in values if "=" not in kv or not kv.split("=", 1)[0]]
+            if bad:
+                raise SystemExit(f"bench: {opt} takes KEY=VALUE, got {bad[0]!r}.")
         self.extra_env = dict(kv.split("=", 1) for kv in a.env)
+        # turingbox's own start only (e.g. VLLM_WORKER_MULTIPROC_METHOD=fork, which plain vLLM cannot use: its API
+        # server initialises CUDA when it imports the model class, and vLLM then forces spawn)
+        self.tb_extra_env = dict(kv.split("=", 1) for kv in a.tb_env)
 
     def variant(self) -> dict:
-        return {"vllm_args": self.vllm_args, "env": self.extra_env}
+        v = {"vllm_args": self.vllm_args, "env": self.extra_env}
+        if self.tb_extra_env:
+            v["turingbox_env"] = self.tb_extra_env
+        return v
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.work, *parts)
@@ -258,6 +265,7 @@ class Bench:
         env = self.base_env(gpu, self.path("home", f"turingbox-{tag}"))
         env.update(TURINGBOX_CACHE_DIR=root, TURINGBOX_RUNTIME_DIR=self.path("runtime", tag),
                    TURINGBOX_MODEL=self.a.model)
+        env.update(self.tb_extra_env)
         if self.a.vllm_command:
             env["TURINGBOX_VLLM_COMMAND"] = self.a.vllm_command
         return env
@@ -497,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="extra vLLM flags for both servers (turingbox passes them after --), e.g. --vllm-args=--language-model-only")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for both servers (repeatable), e.g. VLLM_WORKER_MULTIPROC_METHOD=fork")
+    p.add_argument("--tb-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for turingbox only (repeatable), e.g. VLLM_WORKER_MULTIPROC_METHOD=fork")
     p.add_argument("--label", default="",
                    help="keep this run's result as PHASE+LABEL (a variant beside the baseline); the caches in --work "
                         "are shared, so run the baseline's phases first (tests/gpu/README.md)")

@@ -421,9 +421,10 @@ def fix_terminated_grammar() -> str:
 PROMPT_LOGITS_WHOLE_CHUNK = "logits = self.model.compute_logits(prompt_hidden_states)"
 PROMPT_LOGPROBS_WHOLE_CHUNK = "logprobs = self.sampler.compute_logprobs(logits)"
 PROMPT_LOGPROBS_GATHER = "self.sampler.gather_logprobs("
-# What one slice of prompt logprobs may hold on a GPU at once. Per prompt token and vocabulary entry: the logits in
-# the model's 16-bit dtype, their tensor-parallel all-gather buffer, the fp32 copy log_softmax makes, and its fp32
-# output: 12 bytes. The planner keeps POST_KV_SLACK_MIB (384) outside vLLM's budget for buffers like this one.
+# What one slice of prompt logprobs may hold on a GPU at once, per prompt token and vocabulary entry: the bf16 logits
+# (2 bytes), the fp32 copy log_softmax makes of a bf16 input (4) and its fp32 output (4): 10 bytes; inside
+# compute_logits, tensor parallelism's all-gather buffers (at most 6, freed on return). 12 is the bound. The planner
+# keeps POST_KV_SLACK_MIB (384) outside vLLM's budget for buffers like this one.
 PROMPT_LOGPROBS_SLICE_MIB = 128
 PROMPT_LOGPROBS_BYTES_PER_ENTRY = 12
 
@@ -452,9 +453,10 @@ def fix_prompt_logprobs_slices() -> str:
     with. On the H200 the AWQ soak's engine held 7.6 GiB over its budget after a 3,667-token prompt_logprobs
     request (benchmarks.md, session 10); on a 22 GB card such a request is a CUDA out-of-memory error in the
     engine, which ends every request it serves. Here the three calls vLLM makes per request (compute_logits,
-    compute_logprobs, gather_logprobs) run per slice of `prompt_logprobs_rows` tokens; the rows are independent, so
-    the results are vLLM's. Every tensor-parallel rank slices the same chunk the same way (the all-gather inside
-    compute_logits stays matched). Applied in the worker.
+    compute_logprobs, gather_logprobs) run per slice of `prompt_logprobs_rows` tokens. Each row is computed as vLLM
+    computes it; on a GPU the lm_head GEMM over fewer rows may round a bf16 logit's last bit differently, as vLLM's
+    own chunk sizes already do. Every tensor-parallel rank slices the same chunk the same way (the all-gather inside
+    compute_logits stays matched). Applied in the worker, to vLLM 0.21's default (v1) GPUModelRunner.
     """
     from vllm.v1.outputs import LogprobsTensors
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner

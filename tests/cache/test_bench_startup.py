@@ -17,7 +17,8 @@ ENGINE = os.path.join(REPO, "tests", "cache", "engine_filling_caches.py")
 
 
 def bench(tmp_path, phase, *extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TURINGBOX_", "FAKE_VLLM_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TURINGBOX_", "FAKE_VLLM_")) and k != "VLLM_WORKER_MULTIPROC_METHOD"}
     env.update(FAKE_VLLM_STAGE_SECONDS="0.1", TURINGBOX_ACTIVE_WARMUP="0")
     return subprocess.run([sys.executable, os.path.join(REPO, "bench", "startup.py"), "--phase", phase,
                            "--model", str(tmp_path / "model"), "--gpus", "0,1", "--work", str(tmp_path / "work"),
@@ -98,3 +99,22 @@ def test_a_malformed_env_is_one_sentence(tmp_path):
     r = bench(tmp_path, "empty", "--env", "VLLM_WORKER_MULTIPROC_METHOD")
     assert r.returncode != 0 and "--env takes KEY=VALUE, got 'VLLM_WORKER_MULTIPROC_METHOD'." in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_turingbox_only_environment_reaches_turingboxs_vllm_and_not_plain_vllm(tmp_path):
+    # issue 18's cheap A/B: --language-model-only for both (one argv), a forked engine core for turingbox only
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    events = tmp_path / "events.jsonl"
+    r = bench(tmp_path, "empty", "--vllm-args=--language-model-only", "--env", f"FAKE_VLLM_EVENTS={events}",
+              "--tb-env", "VLLM_WORKER_MULTIPROC_METHOD=fork", "--label", "lmo-fork")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    phase = json.load(open(tmp_path / "out" / "startup.json"))["phases"]["empty+lmo-fork"]
+    assert phase["variant"]["turingbox_env"] == {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+    started = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "started"]
+    by_server = {("turingbox" if "--worker-cls" in e["argv"] else "plain"): e for e in started}
+    assert by_server["turingbox"]["multiproc_method"] == "fork"
+    assert by_server["plain"]["multiproc_method"] is None
+    assert all(e["argv"][-1] == "--language-model-only" for e in started)
+    r = bench(tmp_path, "empty", "--tb-env", "fork")
+    assert r.returncode != 0 and "--tb-env takes KEY=VALUE, got 'fork'." in r.stderr

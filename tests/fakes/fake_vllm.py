@@ -442,7 +442,8 @@ def main(argv: list[str]) -> None:
     if O["child"] not in ("0", ""):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
         event("child", child_pid=child.pid)
-    event("started", argv=argv, port=O["port"], pgid=os.getpgid(0))
+    event("started", argv=argv, port=O["port"], pgid=os.getpgid(0),
+          multiproc_method=os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"))   # how real vLLM starts its engine core
     time.sleep(float(O["startup-seconds"]))
     startup_stage("loading", [("gpu_model_runner.py:4858", f"Starting to load model {O['model']}...")],
                   [("default_loader.py:398", "Loading weights took 0.01 seconds"),

@@ -166,6 +166,18 @@ for phase in "$@"; do
               touch /tmp/session/soak64.plain-serving
               python3 tests/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
                 > $R/verdict-soak64.txt 2>&1 ;;
+    startupab) # issue 18's A/B (tests/gpu/README.md item 2), one server at a time on one GPU, ~1,240 s: plain vLLM and
+              # turingbox with one argv (--language-model-only for both), turingbox's engine core forked (--tb-env);
+              # then turingbox warm with spawn, on the same caches, for fork's own share. Results: $R/startup.
+              [ -d /tmp/tb-modelinfos/modelinfos ] || python3 -m turingbox.build.modelinfos --out /tmp/tb-modelinfos \
+                > $R/modelinfos.txt 2>&1
+              ab="--vllm-args=--language-model-only --tb-env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos"
+              for step in "empty|--only plain" "seed|" "seeded|--tb-env VLLM_WORKER_MULTIPROC_METHOD=fork" \
+                          "warm|--tb-env VLLM_WORKER_MULTIPROC_METHOD=fork" "warm|--only turingbox --label spawn" "report|"; do
+                echo "--- ${step%%|*} ${step#*|} $(date +%T)" >> $R/startup.txt
+                OUT=$R/startup BENCH_GPUS=$one BENCH_WORK=/tmp/turingbox-bench BENCH_ARGS="$ab --copy-logs ${step#*|}" \
+                  timeout 600 bash bench/startup.sh "${step%%|*}" >> $R/startup.txt 2>&1
+              done ;;
     soakawq)  # issue 15: the AWQ demo, cold, at AWQ_UTIL (0.33: beside soak64) of the GPU on other ports: first request
               # check, the same soak
               [ -d /tmp/demo-awq ] || python3 -m turingbox demo-model /tmp/demo-awq --awq
