@@ -420,7 +420,8 @@ class Bench:
 
 
 def criteria(phases: dict) -> dict:
-    """The issue's bar: seeded ready <= 1.1x warm and <= 0.3x empty, no compile/autotune/JIT in its log."""
+    """Issue 5's bar (seeded ready <= 1.1x warm and <= 0.3x empty, no compile/autotune/JIT in its log) and issue 18's
+    (seeded ready <= 45 s and <= 1.0x plain vLLM, first TTFT <= 1.2x the later ones)."""
     def ready(phase: str) -> float | None:
         return ((phases.get(phase) or {}).get("turingbox") or {}).get("ready_s")
     seeded, warm, empty = ready("seeded"), ready("warm"), ready("empty")
@@ -431,6 +432,19 @@ def criteria(phases: dict) -> dict:
     if seeded and empty:
         out["seeded_over_empty"] = round(seeded / empty, 3)
         out["seeded_le_0.3x_empty"] = seeded <= 0.3 * empty
+    # issue 18: seeded ready <= 45 s and no slower than plain vLLM on its own caches, first TTFT <= 1.2x later
+    if seeded:
+        out["seeded_le_45s"] = seeded <= 45.0
+    for phase in ("seeded", "warm"):
+        tb, plain = ready(phase), ((phases.get(phase) or {}).get("plain") or {}).get("ready_s")
+        if tb and plain:
+            out[f"{phase}_turingbox_over_plain"] = round(tb / plain, 3)
+            out[f"{phase}_le_1.0x_plain"] = tb <= plain
+    tb_seeded = (phases.get("seeded") or {}).get("turingbox") or {}
+    if tb_seeded.get("first_ttft_s") and tb_seeded.get("later_ttft_median_s"):
+        ratio = tb_seeded["first_ttft_s"] / tb_seeded["later_ttft_median_s"]
+        out["seeded_first_over_later"] = round(ratio, 3)
+        out["seeded_first_le_1.2x_later"] = ratio <= 1.2
     sig = ((phases.get("seeded") or {}).get("turingbox") or {}).get("log_signals")
     if sig:
         out["seeded_no_compile_autotune_jit"] = not (sig.get("graphs_compiled") or sig.get("triton_autotuning")

@@ -62,7 +62,12 @@ def test_all_phases_run_on_the_caches_they_claim_and_write_json_and_chart(tmp_pa
     copy_manifest = json.load(open(tmp_path / "work" / "tb-seeded-root" / "entries" / key / "manifest.json"))
     assert seed_manifest["hits"] == 0 and copy_manifest["hits"] == 2
     assert "--worker-cls" not in (logs / "empty-plain.log").read_text()
-    assert set(results["criteria"]) >= {"seeded_over_warm", "seeded_over_empty", "seeded_no_compile_autotune_jit"}
+    assert set(results["criteria"]) >= {"seeded_over_warm", "seeded_over_empty", "seeded_no_compile_autotune_jit",
+                                        "seeded_le_45s", "seeded_turingbox_over_plain", "seeded_le_1.0x_plain",
+                                        "warm_turingbox_over_plain", "seeded_first_le_1.2x_later"}
+    c = results["criteria"]
+    assert c["seeded_turingbox_over_plain"] == round(phases["seeded"]["turingbox"]["ready_s"]
+                                                     / phases["seeded"]["plain"]["ready_s"], 3)
     with open(tmp_path / "out" / "startup.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
