@@ -178,6 +178,13 @@ for phase in "$@"; do
                 OUT=$R/startup BENCH_GPUS=$one BENCH_WORK=/tmp/turingbox-bench BENCH_ARGS="$ab --copy-logs ${step#*|}" \
                   timeout 600 bash bench/startup.sh "${step%%|*}" >> $R/startup.txt 2>&1
               done ;;
+    plmem)    # after startupab, on its seeded turingbox caches (a warm start, same argv): one prompt_logprobs request of
+              # ~8,000 tokens and the GPU's used memory before and after (session 10: the AWQ engine held 7.6 GiB over
+              # its budget; the plugin slices prompt logprobs since). Result: $R/prompt-logprobs-memory.json
+              timeout 400 python3 tests/gpu/side_by_side.py --model ${BENCH_MODEL:-/tmp/demo} --phase plmem --gpus $one,$one \
+                --skip-plain --cache /tmp/turingbox-bench/tb-seeded-root --out $R --no-decode --ready-limit 300 \
+                --extra="-- --language-model-only" --env VLLM_WORKER_MULTIPROC_METHOD=fork --after-timeout 120 \
+                --after="python3 tests/gpu/prompt_logprobs_memory.py --url http://127.0.0.1:\$PROXY_PORT --gpu $one --json \$OUT/prompt-logprobs-memory.json > \$OUT/prompt-logprobs-memory.txt 2>&1" ;;
     soakawq)  # issue 15: the AWQ demo, cold, at AWQ_UTIL (0.33: beside soak64) of the GPU on other ports: first request
               # check, the same soak
               [ -d /tmp/demo-awq ] || python3 -m turingbox demo-model /tmp/demo-awq --awq
