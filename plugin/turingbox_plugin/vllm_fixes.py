@@ -452,7 +452,8 @@ def fix_prompt_logprobs_slices() -> str:
     plan. Its memory profile never runs prompt logprobs, so that peak lies outside the budget it sized the KV cache
     with. On the H200 the AWQ soak's engine held 7.6 GiB over its budget after a 3,667-token prompt_logprobs
     request (benchmarks.md, session 10); on a 22 GB card such a request is a CUDA out-of-memory error in the
-    engine, which ends every request it serves. Here the three calls vLLM makes per request (compute_logits,
+    engine, which ends every request it serves (vllm#5907, the tracking issue; vllm#45327, open, avoids the fp32
+    tensor upstream). Here the three calls vLLM makes per request (compute_logits,
     compute_logprobs, gather_logprobs) run per slice of `prompt_logprobs_rows` tokens. Each row is computed as vLLM
     computes it; on a GPU the lm_head GEMM over fewer rows may round a bf16 logit's last bit differently, as vLLM's
     own chunk sizes already do. Every tensor-parallel rank slices the same chunk the same way (the all-gather inside
