@@ -323,9 +323,16 @@ class Handler(BaseHTTPRequestHandler):
             text = "".join(f"tok{i} " for i in range(n))
             choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
                       if chat else {"index": 0, "text": text, "finish_reason": "length"})
+            prompt_tokens = 3
+            if not chat and body.get("prompt_logprobs") is not None:
+                # like vLLM: one entry per prompt token (a word here), None for the first
+                prompt_tokens = max(1, len(str(body.get("prompt") or "").split()))
+                choice["prompt_logprobs"] = [None] + [{"1": {"logprob": -1.0, "rank": 1, "decoded_token": "w"}}] * (
+                    prompt_tokens - 1)
             self._json(200, {"id": f"cmpl-fake-{rid}", "object": "chat.completion" if chat else "text_completion",
                              "created": int(time.time()), "model": O["served"], "choices": [choice],
-                             "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}})
+                             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                                       "total_tokens": n + prompt_tokens}})
             event("completed", id=rid, chunks=n)
 
     def _chunk(self, data: bytes) -> None:

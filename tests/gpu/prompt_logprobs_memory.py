@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 
