@@ -459,6 +459,7 @@ def fix_prompt_logprobs_slices() -> str:
     own chunk sizes already do. Every tensor-parallel rank slices the same chunk the same way (the all-gather inside
     compute_logits stays matched). Applied in the worker, to vLLM 0.21's default (v1) GPUModelRunner.
     """
+    import torch
     from vllm.v1.outputs import LogprobsTensors
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -472,8 +473,6 @@ def fix_prompt_logprobs_slices() -> str:
     def sliced(self: Any, hidden_states: Any, num_scheduled_tokens: dict[str, int]) -> Any:
         if not self.num_prompt_logprobs:
             return original(self, hidden_states, num_scheduled_tokens)
-        import torch
-
         model, sampler = self.model, self.sampler
         compute_logits, compute_logprobs, gather = model.compute_logits, sampler.compute_logprobs, \
             sampler.gather_logprobs

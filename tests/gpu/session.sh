@@ -33,10 +33,11 @@ one=${LANE_GPU:-$other}     # the GPU of the one-GPU phases (gdn, gdnbench, tool
 export SOAK_S=${SOAK_S:-600} SOAK_MIN_REQ=${SOAK_MIN_REQ:-2000} SOAK_MAX_S=${SOAK_MAX_S:-1500} SOAK_SEED=${SOAK_SEED:-15} \
   SOAK_GATE_S=${SOAK_GATE_S:-900} SOAK_PEER=${SOAK_PEER:-} SOAK_WORKERS=${SOAK_WORKERS:-3} \
   REPLAY_ARGS=${REPLAY_ARGS:-"--sample 200 --replay-concurrency 4"}
-# After each soak: the GPU memory each process holds (gpu-memory-TAG.txt), against the plan's budget (session 10: an
-# engine 7.6 GiB over its budget after a prompt_logprobs request, fixed since in the plugin).
 soak_args='--seed $SOAK_SEED --duration $SOAK_S --min-requests $SOAK_MIN_REQ --max-duration $SOAK_MAX_S --workers $SOAK_WORKERS --out $OUT'
 soak_gate() { [ -z "$SOAK_PEER" ] || echo "bash tests/gpu/soak_gate.sh $SOAK_PEER $1 $SOAK_GATE_S >> \$OUT/soak-gates.txt 2>&1"; }
+# After each soak: the GPU memory each process holds (gpu-memory-TAG.txt), against the plan's budget (session 10: an
+# engine 7.6 GiB over its budget after a prompt_logprobs request, fixed since in the plugin).
+gpu_memory() { echo "nvidia-smi --query-compute-apps=pid,used_memory --format=csv > \$OUT/gpu-memory-$1.txt 2>&1"; }
 soak_limit=$(( SOAK_MAX_S + 2 * SOAK_GATE_S + 2400 ))
 for phase in "$@"; do
   echo "=== $phase start $(date +%T)"
@@ -161,7 +162,7 @@ for phase in "$@"; do
                 --cache /tmp/tbsoak-seeded --plain-cache /tmp/tbsoak-plain --out $R --no-decode --ready-limit 900 \
                 --env TURINGBOX_GPU_MEMORY_UTILIZATION=0.55 --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
                 ${IMPORT_PROFILE:+--env PYTHONPROFILEIMPORTTIME=1 --plain-env PYTHONPROFILEIMPORTTIME=1} \
-                --tb-after="touch /tmp/session/soak64.serving; python3 -m turingbox bench decode --url http://127.0.0.1:\$PROXY_PORT --repeats 3 --max-tokens 256 --json --output \$OUT/bench-decode-soak64.json > \$OUT/bench-decode-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-before.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-before.txt; (for i in 1 2 3 4 5; do sleep 110; curl -s -m 20 http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-mid\$i.txt; done) > /dev/null 2>&1 & python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; nvidia-smi --query-compute-apps=pid,used_memory --format=csv > \$OUT/gpu-memory-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-after.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-after.txt; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)" \
+                --tb-after="touch /tmp/session/soak64.serving; python3 -m turingbox bench decode --url http://127.0.0.1:\$PROXY_PORT --repeats 3 --max-tokens 256 --json --output \$OUT/bench-decode-soak64.json > \$OUT/bench-decode-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-before.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-before.txt; (for i in 1 2 3 4 5; do sleep 110; curl -s -m 20 http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-mid\$i.txt; done) > /dev/null 2>&1 & python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; $(gpu_memory soak64); curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-after.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-after.txt; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)" \
                 --after='touch /tmp/session/soak64.plain-serving; python3 tests/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:$PLAIN_PORT $REPLAY_ARGS --out $OUT > $OUT/replay-soak64.txt 2>&1'
               touch /tmp/session/soak64.plain-serving
               python3 tests/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
@@ -200,7 +201,7 @@ for phase in "$@"; do
                 --skip-plain --cache /tmp/tbsoak-awq --out $R --no-decode --ready-limit 900 --port-offset 30 \
                 --env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos \
                 --env TURINGBOX_GPU_MEMORY_UTILIZATION=${AWQ_UTIL:-0.33} --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
-                --after="touch /tmp/session/soakawq.serving; python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soakawq > \$OUT/soak-soakawq.txt 2>&1; nvidia-smi --query-compute-apps=pid,used_memory --format=csv > \$OUT/gpu-memory-soakawq.txt 2>&1; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soakawq.json > \$OUT/jit-report-soakawq.txt 2>&1; $(soak_gate plain-serving)"
+                --after="touch /tmp/session/soakawq.serving; python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soakawq > \$OUT/soak-soakawq.txt 2>&1; $(gpu_memory soakawq); python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soakawq.json > \$OUT/jit-report-soakawq.txt 2>&1; $(soak_gate plain-serving)"
               touch /tmp/session/soakawq.serving
               python3 tests/gpu/soak.py --verdict --tag soakawq --out $R --log turingbox-soakawq.log > $R/verdict-soakawq.txt 2>&1 ;;
     replay8)  # issue 15 beside soakawq: session 8's soak records replayed against turingbox with the fixes since
