@@ -7,7 +7,8 @@ One phase per invocation, so each fits a 10-minute GPU call; state (caches, resu
   empty   both servers on empty caches (fresh HOME / cache root);
   seed    `turingbox warmup --seed-only` fills a fresh cache root in its own process (plain vLLM
           has no seeding step: its analogue is the caches its `empty` run left behind);
-  seeded  those caches copied to a fresh path (a new volume), both servers started on the copy;
+  seeded  those caches copied (turingbox's to a fresh path, a new volume; plain vLLM's back to the same
+          HOME, a user's caches on a new machine), both servers started on the copy;
   warm    both servers started again on the caches they just used (all warm);
   report  only rewrite the JSON and the chart.
 
@@ -352,7 +353,7 @@ class Bench:
         return {"parallel": parallel, "variant": self.variant(), **results}
 
     def phase_empty(self, plan: dict) -> dict:
-        for d in ("plain-home", "tb-empty-root"):
+        for d in ("plain-home", "plain-empty-home", "tb-empty-root"):
             shutil.rmtree(self.path(d), ignore_errors=True)
         return self.serve_pair(plan, "empty", self.path("plain-home"), self.path("tb-empty-root"))
 
@@ -382,19 +383,25 @@ class Bench:
     def phase_seeded(self, plan: dict) -> dict:
         if not os.path.isdir(self.path("seed-root")):
             raise SystemExit("bench: run the seed phase first (no seed-root in the work directory).")
-        if not os.path.isdir(self.path("plain-home")) and self.a.only != "turingbox":
+        plain_home, plain_caches = self.path("plain-home"), self.path("plain-empty-home")
+        if not os.path.isdir(plain_caches) and os.path.isdir(plain_home):
+            os.rename(plain_home, plain_caches)      # what the empty phase left behind, kept for every seeded run
+        if not os.path.isdir(plain_caches) and self.a.only != "turingbox":
             raise SystemExit("bench: run the empty phase first (plain vLLM's caches come from it).")
-        # A fresh path, as a new volume would be: copies, never the originals.
-        for src, dst in (("seed-root", "tb-seeded-root"), ("plain-home", "plain-seeded-home")):
-            shutil.rmtree(self.path(dst), ignore_errors=True)
-            if os.path.isdir(self.path(src)):
-                shutil.copytree(self.path(src), self.path(dst), symlinks=True)
-        return self.serve_pair(plan, "seeded", self.path("plain-seeded-home"), self.path("tb-seeded-root"))
+        # Copies, never the originals. turingbox's on a fresh path, as a new volume would be. Plain vLLM's at the same
+        # HOME, as a user's caches copied to a new machine: vLLM 0.21's compile key hashes two folders under HOME
+        # (VLLM_CONFIG_ROOT, VLLM_XLA_CACHE_PATH), so another HOME would recompile everything (session 11), which is
+        # not a seeded start. turingbox's HOME is new every phase: its plugin keeps those two out of the key.
+        for src, dst in ((self.path("seed-root"), self.path("tb-seeded-root")), (plain_caches, plain_home)):
+            shutil.rmtree(dst, ignore_errors=True)
+            if os.path.isdir(src):
+                shutil.copytree(src, dst, symlinks=True)
+        return self.serve_pair(plan, "seeded", plain_home, self.path("tb-seeded-root"))
 
     def phase_warm(self, plan: dict) -> dict:
         if not os.path.isdir(self.path("tb-seeded-root")):
             raise SystemExit("bench: run the seeded phase first (warm reuses its caches).")
-        return self.serve_pair(plan, "warm", self.path("plain-seeded-home"), self.path("tb-seeded-root"))
+        return self.serve_pair(plan, "warm", self.path("plain-home"), self.path("tb-seeded-root"))
 
     # -- results
 

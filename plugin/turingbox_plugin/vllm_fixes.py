@@ -19,6 +19,7 @@ The engine crash our traffic soak found (docs/data/2026-12-01-h200-s5/crash-anal
 `mask_rows` fixes 1. `logprobs_ids` keeps 2 from killing the engine whatever produced the id: the id is
 dropped from the output by `parse_output` anyway, so its logprob is never read. `prompt_logprobs_slices` keeps
 a prompt_logprobs request from needing GiBs that vLLM's memory profile never reserved (session 10's soak).
+`compile_key_locations` keeps vLLM's compile cache valid under another HOME (session 11's startup A/B).
 """
 from __future__ import annotations
 
@@ -511,6 +512,47 @@ def fix_prompt_logprobs_slices() -> str:
     return "applied"
 
 
+# Where vLLM 0.21's compile cache key ignores where files live (envs.compile_factors): VLLM_CACHE_ROOT is in its list.
+COMPILE_FACTORS_IGNORES_CACHE_ROOT = '"VLLM_CACHE_ROOT",'
+# Two locations it hashes all the same; both default to paths under HOME / XDG_CACHE_HOME and change no compiled
+# code (the usage-stats folder; a TPU-only cache).
+COMPILE_KEY_LOCATIONS = ("VLLM_CONFIG_ROOT", "VLLM_XLA_CACHE_PATH")
+
+
+def fix_compile_key_locations() -> str:
+    """vLLM's torch.compile cache is found again under another HOME: two file locations leave its key.
+
+    vLLM 0.21 names its compile cache folder (torch_compile_cache/<hash>, and torch_aot_compile/<hash>) after a
+    hash of every vLLM environment variable except a list of ones that do not change compiled code, VLLM_CACHE_ROOT
+    among them. VLLM_CONFIG_ROOT and VLLM_XLA_CACHE_PATH are not on that list, and they default to folders under
+    HOME and XDG_CACHE_HOME. So a cache seeded under one HOME (a seeding Job, an image build, a bench phase) was
+    a turingbox hit but a vLLM miss under another: session 11's startup A/B recompiled every graph on its seeded
+    copy (63 s of a 120 s ready). With these two out of the key, the folder depends on what vLLM compiles only.
+    Applied in the worker, where vLLM computes the key.
+    """
+    import vllm.envs as envs
+
+    current = envs.compile_factors
+    if getattr(current, "_turingbox_locations", False):
+        return "applied"
+    source = inspect.getsource(current)
+    if COMPILE_FACTORS_IGNORES_CACHE_ROOT not in source:
+        return "skipped: vllm.envs.compile_factors is not vLLM 0.21.0's"
+    if any(f'"{name}"' in source for name in COMPILE_KEY_LOCATIONS):
+        return "skipped: vLLM already leaves these locations out of its compile key"
+
+    def compile_factors() -> dict[str, object]:
+        factors = current()
+        for name in COMPILE_KEY_LOCATIONS:
+            factors.pop(name, None)
+        return factors
+
+    compile_factors.__wrapped__ = current                  # type: ignore[attr-defined]
+    compile_factors._turingbox_locations = True            # type: ignore[attr-defined]
+    envs.compile_factors = compile_factors
+    return "applied"
+
+
 # Applied by register() in every vLLM process the plugin is active in (the API server validates requests and
 # builds its renderer; the engine core runs the scheduler's grammars); each is cheap and never touches CUDA.
 REGISTER_FIXES: dict[str, Callable[[], str]] = {"allowed_vs_grammar": fix_allowed_vs_grammar,
@@ -524,7 +566,8 @@ def apply_at_register() -> dict[str, str]:
 
 
 FIXES: dict[str, Callable[[], str]] = {"mask_rows": fix_mask_rows, "logprobs_ids": fix_logprobs_ids,
-                                       "prompt_logprobs_slices": fix_prompt_logprobs_slices}
+                                       "prompt_logprobs_slices": fix_prompt_logprobs_slices,
+                                       "compile_key_locations": fix_compile_key_locations}
 
 
 def apply_all() -> dict[str, str]:

@@ -22,12 +22,16 @@ ARTEFACTS = {
 
 
 def main() -> None:
-    written = {}
+    written, found = {}, []
     for var, (rel, data) in ARTEFACTS.items():
         base = os.environ.get(var)
+        if not base and var == "VLLM_CACHE_ROOT":    # vLLM's default: a plain `vllm serve` caches under HOME
+            base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm")
         if not base:
             continue
         path = os.path.join(base, rel)
+        if os.path.exists(path):
+            found.append(var)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
             f.write(data)
@@ -36,6 +40,7 @@ def main() -> None:
     if os.environ.get("TRITON_CACHE_AUTOTUNING") == "1" and os.environ.get("TRITON_CACHE_DIR"):
         with open(os.path.join(os.environ["TRITON_CACHE_DIR"], "KERNELHASH", "chunk_fwd.autotune.json"), "w") as f:
             json.dump({"key": [1], "configs_timings": [[{"num_warps": 4}, [0.1]]]}, f)
+    print(f"engine_filling_caches: HOME {os.environ.get('HOME')}, found {json.dumps(sorted(found))}", flush=True)
     print(f"engine_filling_caches: wrote {json.dumps(written, sort_keys=True)}", flush=True)
     os.execv(sys.executable, [sys.executable, FAKE_VLLM, *sys.argv[1:]])
 

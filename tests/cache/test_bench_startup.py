@@ -62,6 +62,15 @@ def test_all_phases_run_on_the_caches_they_claim_and_write_json_and_chart(tmp_pa
     copy_manifest = json.load(open(tmp_path / "work" / "tb-seeded-root" / "entries" / key / "manifest.json"))
     assert seed_manifest["hits"] == 0 and copy_manifest["hits"] == 2
     assert "--worker-cls" not in (logs / "empty-plain.log").read_text()
+    # Plain vLLM keeps one HOME, as a user does: seeded is the empty run's caches copied back under it (vLLM 0.21's
+    # compile key hashes two folders under HOME); the empty run started with nothing, seeded and warm found them.
+    plain_home, both = str(tmp_path / "work" / "plain-home"), '["TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT"]'
+    for phase, found in (("empty", "[]"), ("seeded", both), ("warm", both)):
+        assert f"engine_filling_caches: HOME {plain_home}, found {found}" in (logs / f"{phase}-plain.log").read_text()
+    assert os.path.isdir(tmp_path / "work" / "plain-empty-home")     # the empty run's caches, kept for reruns
+    # turingbox's HOME is new every start, and its caches are found anyway (the cache entry, not HOME, holds them).
+    assert (f"HOME {tmp_path / 'work' / 'home' / 'turingbox-seeded'}, "
+            f'found ["TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"]') in seeded_log
     assert set(results["criteria"]) >= {"seeded_over_warm", "seeded_over_empty", "seeded_no_compile_autotune_jit",
                                         "seeded_le_45s", "seeded_turingbox_over_plain", "seeded_le_1.0x_plain",
                                         "warm_turingbox_over_plain", "seeded_first_le_1.2x_later"}

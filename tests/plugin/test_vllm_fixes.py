@@ -36,7 +36,8 @@ def test_vllm_0_21_has_the_faults_the_fixes_correct():
 def test_fixes_keep_masks_with_their_requests_and_the_gather_in_range():
     out = run("patched")
     assert out["applied"] == {"mask_rows": "applied", "logprobs_ids": "applied",
-                             "prompt_logprobs_slices": "applied"} == out["applied_again"]
+                             "prompt_logprobs_slices": "applied",
+                             "compile_key_locations": "applied"} == out["applied_again"]
     assert out["recycled_row"] == V and out["moved_row"] == 5
     assert out["swapped"] == {"x": 5, "y": V}
     assert out["gather"] == {"ok": True, "max_id": 3, "sampled_after": [[8, 3]]}   # the output ids untouched
