@@ -45,6 +45,13 @@ def test_each_software_version_changes_the_key(package):
     assert make_plan(software={**SOFTWARE, package: "9.9.9"})["cache_key"] != make_plan()["cache_key"]
 
 
+def test_the_key_revision_changes_the_key(monkeypatch):
+    from turingbox.cache import fingerprint
+    before = make_plan()["cache_key"]
+    monkeypatch.setattr(fingerprint, "KEY_REVISION", fingerprint.KEY_REVISION + 1)
+    assert make_plan()["cache_key"] != before
+
+
 def test_mtp_depth_3_and_4_get_different_keys_and_entries(tmp_path):
     p3, p4 = make_plan(num_speculative_tokens=3), make_plan(num_speculative_tokens=4)
     assert p3["cache_key"] != p4["cache_key"]

@@ -24,12 +24,17 @@ H200 = os.path.join(FIXTURES, "h200.json")
 NO_GPUS = os.path.join(FIXTURES, "no-gpus.json")
 
 
-def make_model_dir(parent: str) -> str:
-    """A model directory the planner accepts: the Qwen3.6-27B config.json (the fake needs no weights)."""
+def make_model_dir(parent: str, demo: bool = False) -> str:
+    """A model directory the planner accepts: the Qwen3.6-27B config.json (the fake needs no weights); demo: marked
+    as `turingbox demo-model` marks its copy (random weights, text only)."""
     model = os.path.join(parent, "model")
     os.makedirs(model, exist_ok=True)
-    with open(MODEL_CONFIG) as src, open(os.path.join(model, "config.json"), "w") as dst:
-        dst.write(src.read())
+    with open(MODEL_CONFIG) as src:
+        config = json.load(src)
+    if demo:
+        config["turingbox_demo"] = {"source": "qwen3.6-27b", "layers": 64, "awq": False, "format": 1}
+    with open(os.path.join(model, "config.json"), "w") as dst:
+        json.dump(config, dst)
     return model
 
 
@@ -54,7 +59,7 @@ class Serve:
 
     def __init__(self, tmp: str, gpus_json: str = H200, env: dict | None = None, args: list[str] | None = None,
                  passthrough: list[str] | None = None, plan_file: str | None = None,
-                 split_stderr: bool = False) -> None:
+                 split_stderr: bool = False, demo: bool = False) -> None:
         self.tmp = tmp
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -67,7 +72,7 @@ class Serve:
         # serve's own temporaries (private/cold cache copies, a mkdtemp runtime dir) land here, not in /tmp
         self.tmpdir = os.path.join(tmp, "tmpdir")
         os.makedirs(self.tmpdir, exist_ok=True)
-        model = self.model = make_model_dir(tmp)
+        model = self.model = make_model_dir(tmp, demo)
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TURINGBOX_", "FAKE_VLLM_"))}
         full_env.update({
             "TURINGBOX_VLLM_COMMAND": f"{sys.executable} {FAKE_VLLM}",

@@ -156,6 +156,8 @@ def _h200(p):
     assert p.memory["kv_bytes_per_token"] == 17 * 2 * 4 * 256
     assert p.max_model_len == 262144 and p.max_num_seqs >= 4
     assert "--disable-custom-all-reduce" not in p.vllm_args
+    # the real model serves images: its API server imports the model class (CUDA), so vLLM's spawn stays
+    assert "--language-model-only" not in p.vllm_args and "VLLM_WORKER_MULTIPROC_METHOD" not in p.env
 
 
 def _h200_x2(p):
@@ -219,7 +221,10 @@ def _util_override(p):
 
 def _demo(p):
     assert p.demo and has_pair(p.vllm_args, "--load-format", "dummy")
-    assert has_pair(p.vllm_args, "--limit-mm-per-prompt", '{"image":0,"video":0}')
+    assert "--language-model-only" in p.vllm_args and "--limit-mm-per-prompt" not in p.vllm_args
+    # text only: vLLM's API server never initialises CUDA, so the engine core is forked, not spawned
+    assert p.env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    assert any(r.startswith("engine core forked (VLLM_WORKER_MULTIPROC_METHOD=fork)") for r in p.reasons)
     assert p.memory["weights_breakdown_gib"]["vision"] == 0          # text-only: no vision tower
 
 

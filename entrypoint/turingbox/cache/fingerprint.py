@@ -31,6 +31,12 @@ KERNEL_PLAN_FIELDS = (
 )
 
 
+# Raised when what an entry holds for the same inputs changes: vLLM would look for its compiled code in another
+# folder of the entry, so the old entry would be a hit that recompiles. 2 (session 11): the plugin's
+# compile_key_locations fix changed vLLM's compile folder names, and text-only plans run --language-model-only.
+KEY_REVISION = 2
+
+
 def software_versions() -> dict[str, str]:
     out = {}
     for name in SOFTWARE:
@@ -45,6 +51,7 @@ def fingerprint_inputs(plan_fields: Mapping[str, Any], gpu_name: str, compute_ca
                        software: Mapping[str, str], model_config_hash: str) -> dict[str, Any]:
     """The exact, JSON-able inputs of the key (also stored in the entry's manifest)."""
     return {
+        "revision": KEY_REVISION,
         "software": {k: software.get(k, "absent") for k in SOFTWARE},
         "gpu_name": gpu_name,
         "compute_capability": compute_capability,

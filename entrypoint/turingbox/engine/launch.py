@@ -66,13 +66,21 @@ def plain_vllm_args(vllm_args: list[str]) -> list[str]:
     return out
 
 
+# Plan env values that are only defaults: the operator's own variable, when set, is kept (how vLLM starts its
+# engine core is theirs to choose; the plan forks it for text-only plans).
+OPERATOR_WINS = ("VLLM_WORKER_MULTIPROC_METHOD",)
+
+
 def vllm_env(parent: Mapping[str, str], plan_env: Mapping[str, Any] | None,
              extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """vLLM's process environment: the parent's without the appliance's own settings, then the plan's env
-    (the resolved values; None unsets a variable, e.g. VLLM_PLUGINS), then extra (the cache paths)."""
+    (the resolved values; None unsets a variable, e.g. VLLM_PLUGINS; OPERATOR_WINS only where the parent lacks
+    them), then extra (the cache paths)."""
     own = set(own_variables(parent))
     env = {k: v for k, v in parent.items() if k not in own}
     for k, v in (plan_env or {}).items():
+        if k in OPERATOR_WINS and parent.get(k):
+            continue
         if v is None:
             env.pop(k, None)
         else:
