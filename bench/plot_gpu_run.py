@@ -20,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-STAGE_RE = re.compile(r"ready after ([\d.]+) s \(stages: (.*)\)")
+STAGE_RE = re.compile(r"ready after ([\d.]+) s \(stages: ([^;)]*)")   # then "; vLLM graphs: ..." (session 11 on)
 
 
 def turingbox_stages(log_path: str) -> tuple[float, dict[str, float]]:

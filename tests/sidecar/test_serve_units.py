@@ -59,7 +59,8 @@ def test_every_stage_pattern_is_still_in_vllm_source():
                     text.append(f.read())
     source = "\n".join(text)
     # Messages built from %-format strings: compare the fixed text before the first placeholder.
-    missing = [needle for needle, _ in stages.LOG_STAGE_PATTERNS if needle.split("%")[0] not in source]
+    needles = [needle for needle, _ in stages.LOG_STAGE_PATTERNS] + [stages.GRAPH_COMPILED, stages.GRAPH_LOADED]
+    missing = [needle for needle in needles if needle.split("%")[0] not in source]
     assert not missing, f"not found in {root}: {missing}"
 
 
@@ -83,6 +84,33 @@ def test_tracker_moves_forward_only_and_keeps_durations():
     assert t.ready_after_s == 15.0 and t.estimate() == 0.0
     t.advance(stages.DRAINING)
     assert not t.advance(stages.READY) and t.stage == stages.DRAINING and t.estimate() is None
+
+
+# vLLM 0.21.0's lines from session 11's seeded start (a cache hit that compiled anyway), and plain vLLM's warm start.
+COMPILED = "(EngineCore pid=3449) INFO 12-02 13:17:46 [backends.py:393] Compiling a graph for compile range (1, 8192) takes 20.74 s"
+LOADED = ("(EngineCore pid=4761) INFO 12-02 13:26:00 [backends.py:292] Directly load the compiled graph(s) for compile "
+          "range (1, 8192) from the cache, took 3.932 s")
+
+
+def test_a_cache_hit_that_compiles_anyway_is_named_at_ready():
+    t = stages.StartupTracker()
+    t.advance(stages.STARTING)
+    for line in ("Starting to load model x...", COMPILED, COMPILED):
+        t.observe_log_line(line)
+    assert (t.graphs_compiled, t.graphs_loaded) == (2, 0) and t.stage == stages.COMPILING
+    warning = stages.compile_cache_warning("warm", t.graphs_compiled, t.graphs_loaded, "/cache/entries/88e3")
+    assert warning.startswith("the compile cache was a hit, but vLLM compiled 2 torch.compile graph(s) and loaded 0")
+    assert "cache_key_factors.json files under vllm/torch_compile_cache in /cache/entries/88e3" in warning
+    assert stages.compile_cache_warning("cold", 2, 0, None) is None      # a miss compiles: nothing to say
+    t2 = stages.StartupTracker()
+    t2.advance(stages.STARTING)
+    for line in (LOADED, LOADED):
+        t2.observe_log_line(line)
+    assert (t2.graphs_compiled, t2.graphs_loaded) == (0, 2)
+    assert stages.compile_cache_warning("warm", 0, 2, None) is None
+    t2.advance(stages.READY)
+    t2.observe_log_line(COMPILED)                            # after ready: not the start's (and not a stage)
+    assert t2.graphs_compiled == 0
 
 
 def test_estimate_counts_down_and_never_below_one_second_per_stage():
@@ -134,6 +162,14 @@ def test_vllm_env_drops_raw_turingbox_variables_and_takes_the_plans():
                    "TURINGBOX_GDN_LIB": "/opt/gdn.so"}
     assert parent["TURINGBOX_GDN"] == "auto"                     # the parent's mapping is left alone
     assert vllm_env({"TURINGBOX_MTP": "1", "A": "b"}, None) == {"A": "b"}
+
+
+def test_the_plans_engine_start_method_is_a_default_the_operator_overrides():
+    fork = {"VLLM_WORKER_MULTIPROC_METHOD": "fork", "CUDA_VISIBLE_DEVICES": "0"}
+    assert vllm_env({}, fork)["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    env = vllm_env({"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "CUDA_VISIBLE_DEVICES": "3"}, fork)
+    assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"       # the operator's choice
+    assert env["CUDA_VISIBLE_DEVICES"] == "0"                    # the plan's GPUs are not a default
 
 
 def test_api_key_state():

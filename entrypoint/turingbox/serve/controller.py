@@ -439,8 +439,13 @@ class Controller:
         session, self.cache_session = self.cache_session, None
         if session is not None:
             _in_daemon_thread(_finish_session, session, True)
-        log.info("ready after %.1f s (stages: %s)", self.tracker.ready_after_s,
-                 ", ".join(f"{k} {v:.1f} s" for k, v in self.tracker.durations.items()))
+        t = self.tracker
+        log.info("ready after %.1f s (stages: %s; vLLM graphs: %d loaded from cache, %d compiled)", t.ready_after_s,
+                 ", ".join(f"{k} {v:.1f} s" for k, v in t.durations.items()), t.graphs_loaded, t.graphs_compiled)
+        warning = stages.compile_cache_warning(t.profile, t.graphs_compiled, t.graphs_loaded,
+                                               getattr(session, "entry", None))
+        if warning:
+            log.warning("%s", warning)
         await self._probe_upstream(base)
 
     async def _prepare_cache(self, plan: Plan) -> dict[str, str]:

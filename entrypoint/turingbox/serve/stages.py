@@ -50,6 +50,11 @@ LOG_STAGE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("Loading drafter model", LOADING),
 )
 
+# vLLM 0.21.0's line per torch.compile'd graph (the model, then MTP's drafter): compiled now, or loaded from its
+# compile cache. On a cache hit every graph should load; one compiled means vLLM's compile key moved.
+GRAPH_COMPILED = "Compiling a graph for compile range"
+GRAPH_LOADED = "Directly load the compiled graph"
+
 # Typical stage lengths in seconds (DESIGN: warm start ~78 s, empty caches ~384 s on an H200).
 # Used only for the estimate shown while starting; the cache status picks warm or cold.
 TYPICAL_SECONDS = {
@@ -69,6 +74,17 @@ DESCRIPTIONS = {
     READY: "ready.",
     DRAINING: "turingbox is draining: no new requests are accepted.",
 }
+
+
+def compile_cache_warning(profile: str, graphs_compiled: int, graphs_loaded: int, entry: str | None) -> str | None:
+    """One sentence when the compile caches were a hit but vLLM compiled its graphs anyway, else None."""
+    if profile != "warm" or not graphs_compiled:
+        return None
+    where = f" in {entry}" if entry else ""
+    return (f"the compile cache was a hit, but vLLM compiled {graphs_compiled} torch.compile graph(s) and loaded "
+            f"{graphs_loaded}: its compile key differs from the run that filled the cache (compare the "
+            f"cache_key_factors.json files under vllm/torch_compile_cache{where}); every start pays this "
+            f"compile until the key matches again.")
 
 
 def stage_from_log_line(line: str) -> str | None:
@@ -101,6 +117,8 @@ class StartupTracker:
     profile: str = "cold"              # "warm" when the compile caches were found
     ready_after_s: float | None = None
     on_change: Callable[[str, str], None] | None = None
+    graphs_compiled: int = 0           # vLLM's torch.compile graphs while starting: compiled / loaded from cache
+    graphs_loaded: int = 0
 
     def __post_init__(self) -> None:
         now = self.clock()
@@ -134,6 +152,8 @@ class StartupTracker:
         """Move on when a vLLM log line announces a later stage (only while vLLM is starting)."""
         if self.stage not in (STARTING, LOADING, COMPILING, CAPTURING):
             return
+        self.graphs_compiled += GRAPH_COMPILED in line
+        self.graphs_loaded += GRAPH_LOADED in line
         stage = stage_from_log_line(line)
         if stage is not None:
             self.advance(stage)
