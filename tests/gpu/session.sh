@@ -167,24 +167,28 @@ for phase in "$@"; do
               touch /tmp/session/soak64.plain-serving
               python3 tests/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
                 > $R/verdict-soak64.txt 2>&1 ;;
-    startupab) # issue 18's A/B (tests/gpu/README.md item 2), one server at a time on one GPU, ~1,240 s: plain vLLM and
-              # turingbox with one argv (--language-model-only for both), turingbox's engine core forked (--tb-env);
-              # then turingbox warm with spawn, on the same caches, for fork's own share. Results: $R/startup.
+    startupab) # issue 18's A/B (tests/gpu/README.md item 1), one server at a time on one GPU, ~1,300 s: plain vLLM and
+              # turingbox with the plan's argv (the demo's plan runs --language-model-only and forks vLLM's engine core
+              # since session 11); plain vLLM's empty run fills its caches, turingbox's seed fills its entry; then both
+              # seeded (the Done-when pair), then turingbox warm with spawn for fork's own share. Results: $R/startup.
               [ -d /tmp/tb-modelinfos/modelinfos ] || python3 -m turingbox.build.modelinfos --out /tmp/tb-modelinfos \
                 > $R/modelinfos.txt 2>&1
-              ab="--vllm-args=--language-model-only --tb-env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos"
-              for step in "empty|--only plain" "seed|" "seeded|--tb-env VLLM_WORKER_MULTIPROC_METHOD=fork" \
-                          "warm|--tb-env VLLM_WORKER_MULTIPROC_METHOD=fork" "warm|--only turingbox --label spawn" "report|"; do
+              ab="--tb-env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos"
+              for step in "empty|--only plain" "seed|" "seeded|" "warm|--only turingbox --label spawn --tb-env VLLM_WORKER_MULTIPROC_METHOD=spawn" \
+                          ${STARTUP_WARM:+"warm|"} "report|"; do
                 echo "--- ${step%%|*} ${step#*|} $(date +%T)" >> $R/startup.txt
                 OUT=$R/startup BENCH_GPUS=$one BENCH_WORK=/tmp/turingbox-bench BENCH_ARGS="$ab --copy-logs ${step#*|}" \
                   timeout 600 bash bench/startup.sh "${step%%|*}" >> $R/startup.txt 2>&1
-              done ;;
+              done
+              # vLLM's own record of what its compile key hashed, per start (session 11: HOME moved it)
+              find /tmp/turingbox-bench -name cache_key_factors.json -path '*backbone*' | while read -r f; do
+                echo "== $f"; cat "$f"; done > $R/startup/cache-key-factors.txt 2>&1 ;;
     plmem)    # after startupab, on its seeded turingbox caches (a warm start, same argv): one prompt_logprobs request of
               # ~8,000 tokens and the GPU's used memory before and after (session 10: the AWQ engine held 7.6 GiB over
               # its budget; the plugin slices prompt logprobs since). Result: $R/prompt-logprobs-memory.json
               timeout 400 python3 tests/gpu/side_by_side.py --model ${BENCH_MODEL:-/tmp/demo} --phase plmem --gpus $one,$one \
                 --skip-plain --cache /tmp/turingbox-bench/tb-seeded-root --out $R --no-decode --ready-limit 300 \
-                --extra="-- --language-model-only" --env VLLM_WORKER_MULTIPROC_METHOD=fork --after-timeout 120 \
+                --after-timeout 120 \
                 --after="python3 tests/gpu/prompt_logprobs_memory.py --url http://127.0.0.1:\$PROXY_PORT --gpu $one --json \$OUT/prompt-logprobs-memory.json > \$OUT/prompt-logprobs-memory.txt 2>&1" ;;
     soakawq)  # issue 15: the AWQ demo, cold, at AWQ_UTIL (0.33: beside soak64) of the GPU on other ports: first request
               # check, the same soak
