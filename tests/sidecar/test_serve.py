@@ -556,7 +556,7 @@ def test_serve_removes_its_temporary_dirs_on_every_exit(serve_factory, tmp_path,
 
 def test_a_text_only_demo_forks_vllms_engine_core_unless_the_operator_says_spawn(serve_factory):
     # issue 18: with --language-model-only the API server never initialises CUDA, so vLLM can fork its engine core
-    # (~20 s sooner than spawning a fresh interpreter on the H200, session 11); the operator's own choice wins.
+    # (~15 s sooner than spawning a fresh interpreter on the H200, session 11); the operator's own choice wins.
     for env, method in (({}, "fork"), ({"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, "spawn")):
         s = serve_factory(demo=True, env=env)
         s.wait_ready()

@@ -627,7 +627,7 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
     if text_only:
         reasons.append("engine core forked (VLLM_WORKER_MULTIPROC_METHOD=fork): text only, vLLM's API server never "
                        "initialises CUDA (the plugin answers its multimodal check without importing the model), so "
-                       "its engine core starts without a second Python interpreter, ~20 s sooner on the H200 "
+                       "its engine core starts without a second Python interpreter, ~15 s sooner on the H200 "
                        "(session 11); a VLLM_WORKER_MULTIPROC_METHOD of your own wins.")
     served = s["served_model_name"] or (model.path.rstrip("/").rsplit("/", 1)[-1])
     # runtime_dir and benchmark_mode travel as environment variables, not in the plugin config: vLLM hashes
