@@ -115,8 +115,9 @@ def ttft(port: int, model: str, timeout: float) -> float:
 class Run:
     """A server process whose output lines are timestamped on arrival (seconds since its start)."""
 
-    def __init__(self, name: str, argv: list[str], env: dict, log_path: str) -> None:
-        self.name, self.argv, self.log_path = name, argv, log_path
+    def __init__(self, name: str, argv: list[str], env: dict, log_path: str,
+                 stop_signal: signal.Signals = signal.SIGTERM) -> None:
+        self.name, self.argv, self.log_path, self.stop_signal = name, argv, log_path, stop_signal
         self.lines: list[tuple[float, str]] = []
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -144,7 +145,7 @@ class Run:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
+            for sig, wait in ((self.stop_signal, 60), (signal.SIGKILL, 10)):
                 try:
                     os.killpg(self.proc.pid, sig)
                 except ProcessLookupError:
@@ -249,6 +250,8 @@ class Bench:
         v = {"vllm_args": self.vllm_args, "env": self.extra_env}
         if self.tb_extra_env:
             v["turingbox_env"] = self.tb_extra_env
+        if self.a.tb_wrap:
+            v["turingbox_wrap"] = self.a.tb_wrap
         return v
 
     def path(self, *parts: str) -> str:
@@ -310,9 +313,12 @@ class Bench:
 
     def start_turingbox(self, gpu: str, root: str, phase: str) -> tuple[Run, dict]:
         port, upstream = free_port(), free_port()
-        argv = [sys.executable, "-m", "turingbox", "serve", "--host", "127.0.0.1", "--port", str(port),
+        wrap = shlex.split(self.a.tb_wrap)
+        argv = [*wrap, sys.executable, "-m", "turingbox", "serve", "--host", "127.0.0.1", "--port", str(port),
                 "--upstream-port", str(upstream), *self.tb_args, *self.tb_passthrough]
-        run = Run("turingbox", argv, self.tb_env(gpu, root, phase), self.path("logs", f"{phase}-turingbox.log"))
+        # A profiler writes its record on SIGINT (Ctrl-C); turingbox drains on SIGINT as on SIGTERM.
+        run = Run("turingbox", argv, self.tb_env(gpu, root, phase), self.path("logs", f"{phase}-turingbox.log"),
+                  signal.SIGINT if wrap else signal.SIGTERM)
         return run, {"upstream_port": upstream, "ready_checks": [(port, "/health/ready")], "request_port": port}
 
     def serve_pair(self, plan: dict, phase: str, plain_home: str, tb_root: str) -> dict:
@@ -528,6 +534,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="extra environment for both servers (repeatable), e.g. VLLM_WORKER_MULTIPROC_METHOD=fork")
     p.add_argument("--tb-env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for turingbox only (repeatable), e.g. VLLM_WORKER_MULTIPROC_METHOD=fork")
+    p.add_argument("--tb-wrap", default="",
+                   help="a command that runs turingbox serve (its argv follows), e.g. a profiler: "
+                        "--tb-wrap='py-spy record --subprocesses --idle -f speedscope -o /tmp/p.json --'; "
+                        "the run is then stopped with SIGINT, which both the profiler and turingbox take as a stop")
     p.add_argument("--label", default="",
                    help="keep this run's result as PHASE+LABEL (a variant beside the baseline); the caches in --work "
                         "are shared, so run the baseline's phases first (tests/gpu/README.md)")

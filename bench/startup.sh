@@ -7,7 +7,8 @@
 #
 # Environment: BENCH_MODEL (default /tmp/demo, made with `turingbox demo-model` if missing),
 # BENCH_GPUS (default: 0,1 when two GPUs are visible, else 0), BENCH_WORK (/tmp/turingbox-bench),
-# BENCH_BUDGET_S per phase (540), OUT (results: $OUT, else docs/img), PYTHON (python3).
+# BENCH_BUDGET_S per phase (540), OUT (results: $OUT, else docs/img), PYTHON (python3), BENCH_TB_WRAP (a command
+# that runs turingbox serve, e.g. a profiler; one string, not split like BENCH_ARGS).
 # Results: $OUT/startup.json and $OUT/startup.png; logs in $BENCH_WORK/logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,5 +24,5 @@ phases=("$@")
 for phase in "${phases[@]}"; do
   "$PY" bench/startup.py --phase "$phase" --model "$MODEL" --gpus "$BENCH_GPUS" \
     --work "${BENCH_WORK:-/tmp/turingbox-bench}" --out "${OUT:-docs/img}" \
-    --budget-s "${BENCH_BUDGET_S:-540}" ${BENCH_ARGS:-}
+    --budget-s "${BENCH_BUDGET_S:-540}" ${BENCH_TB_WRAP:+"--tb-wrap=$BENCH_TB_WRAP"} ${BENCH_ARGS:-}
 done

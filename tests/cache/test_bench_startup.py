@@ -132,3 +132,17 @@ def test_turingbox_only_environment_reaches_turingboxs_vllm_and_not_plain_vllm(t
     assert all(e["argv"][-1] == "--language-model-only" for e in started)
     r = bench(tmp_path, "empty", "--tb-env", "fork")
     assert r.returncode != 0 and "--tb-env takes KEY=VALUE, got 'fork'." in r.stderr
+
+
+def test_a_wrapped_turingbox_runs_under_the_wrapper_and_stops_with_sigint(tmp_path):
+    # --tb-wrap: a profiler around turingbox serve (py-spy on the GPU); py-spy writes its record on SIGINT
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    record = tmp_path / "profile.json"
+    wrapper = f"{sys.executable} {os.path.join(REPO, 'tests', 'cache', 'profiler_stand_in.py')} -o {record} --"
+    r = bench(tmp_path, "empty", "--only", "turingbox", f"--tb-wrap={wrapper}", "--label", "profiled")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    phase = json.load(open(tmp_path / "out" / "startup.json"))["phases"]["empty+profiled"]
+    assert phase["variant"]["turingbox_wrap"] == wrapper and phase["turingbox"]["ready_s"] > 0
+    assert json.loads(record.read_text()) == {"signal": "SIGINT", "child_exit": 0}   # turingbox drained and exited
+    assert "SIGINT received: draining" in (tmp_path / "work" / "logs" / "empty-turingbox.log").read_text()

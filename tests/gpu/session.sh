@@ -167,15 +167,14 @@ for phase in "$@"; do
               touch /tmp/session/soak64.plain-serving
               python3 tests/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
                 > $R/verdict-soak64.txt 2>&1 ;;
-    startupab) # issue 18's A/B (tests/gpu/README.md item 1), one server at a time on one GPU, ~1,300 s: plain vLLM and
+    startupab) # issue 18's A/B (tests/gpu/README.md item 1), one server at a time on one GPU, ~1,150 s: plain vLLM and
               # turingbox with the plan's argv (the demo's plan runs --language-model-only and forks vLLM's engine core
               # since session 11); plain vLLM's empty run fills its caches, turingbox's seed fills its entry; then both
-              # seeded (the Done-when pair), then turingbox warm with spawn for fork's own share. Results: $R/startup.
+              # seeded (the Done-when pair). Results: $R/startup. startupx adds the spawn and profile steps.
               [ -d /tmp/tb-modelinfos/modelinfos ] || python3 -m turingbox.build.modelinfos --out /tmp/tb-modelinfos \
                 > $R/modelinfos.txt 2>&1
               ab="--tb-env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos"
-              for step in "empty|--only plain" "seed|" "seeded|" "warm|--only turingbox --label spawn --tb-env VLLM_WORKER_MULTIPROC_METHOD=spawn" \
-                          ${STARTUP_WARM:+"warm|"} "report|"; do
+              for step in "empty|--only plain" "seed|" "seeded|" ${STARTUP_WARM:+"warm|"} "report|"; do
                 echo "--- ${step%%|*} ${step#*|} $(date +%T)" >> $R/startup.txt
                 OUT=$R/startup BENCH_GPUS=$one BENCH_WORK=/tmp/turingbox-bench BENCH_ARGS="$ab --copy-logs ${step#*|}" \
                   timeout 600 bash bench/startup.sh "${step%%|*}" >> $R/startup.txt 2>&1
@@ -183,6 +182,24 @@ for phase in "$@"; do
               # vLLM's own record of what its compile key hashed, per start (session 11: HOME moved it)
               find /tmp/turingbox-bench -name cache_key_factors.json -path '*backbone*' | while read -r f; do
                 echo "== $f"; cat "$f"; done > $R/startup/cache-key-factors.txt 2>&1 ;;
+    startupx) # after startupab, on its caches: turingbox warm with a spawned engine core (fork's own share), then warm
+              # under py-spy (where each second of a seeded start goes, per process; the wheel is staged in
+              # .device-wheels/extra, tests/gpu/README.md), ~180 s. Results: $R/startup, $R/startup/pyspy-warm.txt.gz
+              ab="--tb-env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos"
+              step_run() {   # $1 phase, $2 bench flags; BENCH_TB_WRAP passes through the environment
+                echo "--- $1 $2 $(date +%T)" >> $R/startup.txt
+                OUT=$R/startup BENCH_GPUS=$one BENCH_WORK=/tmp/turingbox-bench BENCH_ARGS="$ab --copy-logs $2" \
+                  timeout 600 bash bench/startup.sh "$1" >> $R/startup.txt 2>&1; }
+              step_run warm "--only turingbox --label spawn --tb-env VLLM_WORKER_MULTIPROC_METHOD=spawn"
+              if ls /tmp/dw/py_spy-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
+                   --target /tmp/pyspy /tmp/dw/py_spy-*.whl > $R/pyspy-install.txt 2>&1; then
+                BENCH_TB_WRAP="/tmp/pyspy/bin/py-spy record --subprocesses --idle --rate 50 --format raw -o /tmp/pyspy-warm.txt --" \
+                  step_run warm "--only turingbox --label pyspy"
+                gzip -c /tmp/pyspy-warm.txt > $R/startup/pyspy-warm.txt.gz 2>> $R/pyspy-install.txt
+              else
+                echo "py-spy is not staged (.device-wheels/extra): no profile" >> $R/startup.txt
+              fi
+              step_run report "" ;;
     plmem)    # after startupab, on its seeded turingbox caches (a warm start, same argv): one prompt_logprobs request of
               # ~8,000 tokens and the GPU's used memory before and after (session 10: the AWQ engine held 7.6 GiB over
               # its budget; the plugin slices prompt logprobs since). Result: $R/prompt-logprobs-memory.json
