@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Where the seconds of a start go, per process and thread, from py-spy's collapsed stacks.
+
+Reads `py-spy record --subprocesses --threads --idle --format raw` output (plain or .gz; session.sh startupx
+writes one for a warm turingbox start) and prints, for every process and thread with at least --min-s of samples,
+its sampled seconds and the functions with the most inclusive time (a function counts once per stack, so a caller
+and its callee both show; read them top-down). With --idle the waits are included: the main threads' seconds add up
+to the wall time. --json writes the same as JSON.
+
+  python3 bench/pyspy_summary.py docs/data/<run>/pyspy-warm.txt.gz --rate 50 --top 25
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+from collections import Counter, defaultdict
+
+PROCESS = re.compile(r'^process (\d+):"(.*)"$', re.S)
+THREAD = re.compile(r"^thread \((\w+)\)(?:: (.*))?$")
+LINE_NO = re.compile(r":\d+\)$")
+
+
+def read_stacks(path: str) -> list[tuple[list[str], int]]:
+    opener = gzip.open if path.endswith(".gz") else open
+    out = []
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            stack, _, count = line.rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            out.append((stack.split(";"), int(count)))
+    return out
+
+
+def function(frame: str) -> str:
+    """`name (file:line)` -> `name (file)`: one row per function, not per line."""
+    return LINE_NO.sub(")", frame)
+
+
+def summarize(stacks: list[tuple[list[str], int]], rate: float, top: int, min_s: float) -> list[dict]:
+    groups: dict[tuple[str, str], dict] = {}
+    inclusive: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    for frames, count in stacks:
+        rest = list(frames)
+        process = thread = ""
+        if rest and (m := PROCESS.match(rest[0])):
+            process = f"{m.group(1)} {m.group(2).strip()}"
+            rest = rest[1:]
+        name = None
+        if rest and (m := THREAD.match(rest[0])):
+            thread, name = m.group(1), m.group(2)      # py-spy names a thread on some samples only
+            rest = rest[1:]
+        key = (process, thread)
+        g = groups.setdefault(key, {"process": process, "thread": thread, "samples": 0})
+        if name:
+            g["thread"] = f"{name} ({thread})"
+        g["samples"] += count
+        for name in dict.fromkeys(function(f) for f in rest):     # once per stack, in order
+            inclusive[key][name] += count
+    out = []
+    for key, g in sorted(groups.items(), key=lambda kv: -kv[1]["samples"]):
+        seconds = g["samples"] / rate
+        if seconds < min_s:
+            continue
+        rows = [{"function": name, "seconds": round(n / rate, 2)} for name, n in inclusive[key].most_common(top)]
+        out.append({**g, "seconds": round(seconds, 2), "top": rows})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("path", help="py-spy raw output (.txt or .txt.gz)")
+    p.add_argument("--rate", type=float, default=50.0, help="py-spy's --rate (samples per second)")
+    p.add_argument("--top", type=int, default=25, help="functions per thread")
+    p.add_argument("--min-s", type=float, default=1.0, help="leave out threads with fewer sampled seconds")
+    p.add_argument("--json", dest="json_path", help="also write the summary here")
+    a = p.parse_args(argv)
+    try:
+        stacks = read_stacks(a.path)
+    except OSError as exc:
+        print(f"pyspy_summary: cannot read {a.path}: {exc.strerror}.", file=sys.stderr)
+        return 2
+    if not stacks:
+        print(f"pyspy_summary: {a.path} holds no py-spy stacks.", file=sys.stderr)
+        return 2
+    summary = summarize(stacks, a.rate, a.top, a.min_s)
+    for g in summary:
+        print(f"== {g['seconds']:.1f} s  process {g['process'][:120]}  thread {g['thread']}")
+        for row in g["top"]:
+            print(f"   {row['seconds']:7.2f} s  {row['function'][:150]}")
+    if a.json_path:
+        with open(a.json_path, "w") as f:
+            json.dump(summary, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""bench/pyspy_summary.py on py-spy 0.4.3's own output (tests/fixtures/pyspy-raw-threads.txt: `py-spy record
+--threads --idle --subprocesses --rate 50 --format raw` of a script whose main thread computes while a thread named
+"waiter" sleeps 1 s; the process line shortened). session.sh startupx records a warm turingbox start this way."""
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import pyspy_summary  # noqa: E402
+
+FIXTURE = os.path.join(REPO, "tests", "fixtures", "pyspy-raw-threads.txt")
+
+
+def test_each_thread_of_each_process_gets_its_seconds_and_top_functions():
+    summary = pyspy_summary.summarize(pyspy_summary.read_stacks(FIXTURE), rate=50, top=3, min_s=0)
+    by_thread = {g["thread"]: g for g in summary}
+    # the one MainThread sample py-spy left unnamed counts with the named ones (89 samples at 50 Hz)
+    assert set(by_thread) == {"MainThread (25936)", "waiter (25941)"}
+    main, waiter = by_thread["MainThread (25936)"], by_thread["waiter (25941)"]
+    assert main["seconds"] == 1.78 and main["process"] == "25936 python3 thr.py"
+    assert waiter["seconds"] == 1.16            # --idle: the sleep is sampled too
+    assert main["top"][0] == {"function": "<module> (thr.py)", "seconds": 1.74}
+    assert [r["function"] for r in waiter["top"]] == ["Thread._bootstrap (threading.py)",
+                                                     "Thread._bootstrap_inner (threading.py)", "Thread.run (threading.py)"]
+
+
+def test_line_numbers_fold_into_one_row_per_function():
+    assert pyspy_summary.function("_find_and_load (<frozen importlib._bootstrap>:1176)") == \
+        "_find_and_load (<frozen importlib._bootstrap>)"
+
+
+def test_the_cli_reads_gzip_writes_json_and_refuses_a_missing_file(tmp_path):
+    gz = tmp_path / "p.txt.gz"
+    with open(FIXTURE, "rb") as src, gzip.open(gz, "wb") as dst:
+        dst.write(src.read())
+    out = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, os.path.join(REPO, "bench", "pyspy_summary.py"), str(gz), "--min-s", "1.5",
+                        "--json", str(out)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("== 1.8 s  process 25936 python3 thr.py  thread MainThread")
+    assert [g["thread"] for g in json.loads(out.read_text())] == ["MainThread (25936)"]     # waiter < 1.5 s
+    r = subprocess.run([sys.executable, os.path.join(REPO, "bench", "pyspy_summary.py"), str(tmp_path / "none.txt")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("pyspy_summary: cannot read") and "Traceback" not in r.stderr
