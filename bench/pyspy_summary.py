@@ -46,18 +46,22 @@ def summarize(stacks: list[tuple[list[str], int]], rate: float, top: int, min_s:
     inclusive: dict[tuple[str, str], Counter] = defaultdict(Counter)
     for frames, count in stacks:
         rest = list(frames)
-        process = thread = ""
-        if rest and (m := PROCESS.match(rest[0])):
-            process = f"{m.group(1)} {m.group(2).strip()}"
+        pid = cmd = thread = ""
+        # --subprocesses nests a child's stacks under its parent's frame: the innermost process frame is the sampled one
+        while rest and (m := PROCESS.match(rest[0])):
+            pid, cmd = m.group(1), m.group(2).strip()
             rest = rest[1:]
         name = None
         if rest and (m := THREAD.match(rest[0])):
             thread, name = m.group(1), m.group(2)      # py-spy names a thread on some samples only
             rest = rest[1:]
-        key = (process, thread)
-        g = groups.setdefault(key, {"process": process, "thread": thread, "samples": 0})
-        if name:
-            g["thread"] = f"{name} ({thread})"
+        key = (pid, thread)
+        g = groups.setdefault(key, {"process": pid, "thread": thread, "samples": 0, "names": []})
+        if cmd and g["process"] == pid:              # py-spy reads a command line on some samples only
+            g["process"] = f"{pid} {cmd}"
+        if name and name not in g["names"]:          # a native thread id can be reused by a later thread
+            g["names"].append(name)
+            g["thread"] = f"{'/'.join(g['names'])} ({thread})"
         g["samples"] += count
         for name in dict.fromkeys(function(f) for f in rest):     # once per stack, in order
             inclusive[key][name] += count
@@ -67,7 +71,8 @@ def summarize(stacks: list[tuple[list[str], int]], rate: float, top: int, min_s:
         if seconds < min_s:
             continue
         rows = [{"function": name, "seconds": round(n / rate, 2)} for name, n in inclusive[key].most_common(top)]
-        out.append({**g, "seconds": round(seconds, 2), "top": rows})
+        out.append({"process": g["process"], "thread": g["thread"], "samples": g["samples"],
+                    "seconds": round(seconds, 2), "top": rows})
     return out
 
 

@@ -23,6 +23,7 @@ Writes <out>/startup.json and <out>/startup.png (matplotlib, Agg), logs under <w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -115,9 +116,9 @@ def ttft(port: int, model: str, timeout: float) -> float:
 class Run:
     """A server process whose output lines are timestamped on arrival (seconds since its start)."""
 
-    def __init__(self, name: str, argv: list[str], env: dict, log_path: str,
-                 stop_signal: signal.Signals = signal.SIGTERM) -> None:
-        self.name, self.argv, self.log_path, self.stop_signal = name, argv, log_path, stop_signal
+    def __init__(self, name: str, argv: list[str], env: dict, log_path: str, wrapped: bool = False) -> None:
+        # wrapped: argv is a wrapper (a profiler) around the server, which is then stopped first, on its own
+        self.name, self.argv, self.log_path, self.wrapped = name, argv, log_path, wrapped
         self.lines: list[tuple[float, str]] = []
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -144,8 +145,16 @@ class Run:
         return None
 
     def stop(self) -> None:
+        if self.wrapped and self.proc.poll() is None:
+            # py-spy SIGKILLs its child when it is interrupted: SIGTERM the server itself instead, let it drain and
+            # stop vLLM, and the wrapper ends on its own when its child does (py-spy then writes its record).
+            for child in children(self.proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(60)
         if self.proc.poll() is None:
-            for sig, wait in ((self.stop_signal, 60), (signal.SIGKILL, 10)):
+            for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
                 try:
                     os.killpg(self.proc.pid, sig)
                 except ProcessLookupError:
@@ -160,6 +169,21 @@ class Run:
         except (ProcessLookupError, PermissionError):
             pass
         self._reader.join(5)
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of `pid` (Linux /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after its last ')'
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
 
 
 def wait_until(run: Run, checks: list[tuple[int, str]], deadline: float) -> float | None:
@@ -316,9 +340,8 @@ class Bench:
         wrap = shlex.split(self.a.tb_wrap)
         argv = [*wrap, sys.executable, "-m", "turingbox", "serve", "--host", "127.0.0.1", "--port", str(port),
                 "--upstream-port", str(upstream), *self.tb_args, *self.tb_passthrough]
-        # A profiler writes its record on SIGINT (Ctrl-C); turingbox drains on SIGINT as on SIGTERM.
         run = Run("turingbox", argv, self.tb_env(gpu, root, phase), self.path("logs", f"{phase}-turingbox.log"),
-                  signal.SIGINT if wrap else signal.SIGTERM)
+                  wrapped=bool(wrap))
         return run, {"upstream_port": upstream, "ready_checks": [(port, "/health/ready")], "request_port": port}
 
     def serve_pair(self, plan: dict, phase: str, plain_home: str, tb_root: str) -> dict:
@@ -359,8 +382,10 @@ class Bench:
         return {"parallel": parallel, "variant": self.variant(), **results}
 
     def phase_empty(self, plan: dict) -> dict:
-        for d in ("plain-home", "plain-empty-home", "tb-empty-root"):
-            shutil.rmtree(self.path(d), ignore_errors=True)
+        mine = {"plain": ("plain-home", "plain-empty-home"), "turingbox": ("tb-empty-root",)}
+        for server in ([self.a.only] if self.a.only else SERVERS):     # another server's caches stay
+            for d in mine[server]:
+                shutil.rmtree(self.path(d), ignore_errors=True)
         return self.serve_pair(plan, "empty", self.path("plain-home"), self.path("tb-empty-root"))
 
     def phase_seed(self, plan: dict) -> dict:
@@ -535,9 +560,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tb-env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for turingbox only (repeatable), e.g. VLLM_WORKER_MULTIPROC_METHOD=fork")
     p.add_argument("--tb-wrap", default="",
-                   help="a command that runs turingbox serve (its argv follows), e.g. a profiler: "
-                        "--tb-wrap='py-spy record --subprocesses --idle -f speedscope -o /tmp/p.json --'; "
-                        "the run is then stopped with SIGINT, which both the profiler and turingbox take as a stop")
+                   help="a command that runs turingbox serve as its child (its argv follows), e.g. a profiler: "
+                        "--tb-wrap='py-spy record --subprocesses --nonblocking -f raw -o /tmp/p.txt --'; the run is "
+                        "stopped by a SIGTERM to turingbox itself, and the wrapper ends when turingbox has")
     p.add_argument("--label", default="",
                    help="keep this run's result as PHASE+LABEL (a variant beside the baseline); the caches in --work "
                         "are shared, so run the baseline's phases first (tests/gpu/README.md)")

@@ -67,6 +67,19 @@ def test_bad_input_is_one_sentence_and_exit_2(tmp_path):
     assert cli("cache", root=tmp_path).returncode == 2
 
 
+def test_a_plan_saved_by_an_older_turingbox_is_refused_not_served_on_a_stale_entry(tmp_path):
+    # cache key revision 1 (before session 11): its argv and key predate vLLM's HOME-free compile key
+    from plan_factory import planned
+    saved = planned("1xh200").to_dict()
+    del saved["cache_inputs"]["revision"]
+    (tmp_path / "old.json").write_text(json.dumps(saved))
+    r = cli("warmup", "--plan-json", str(tmp_path / "old.json"), root=tmp_path / "root")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert ("--plan-json '" + str(tmp_path / "old.json") + "' was planned by an older turingbox (cache key revision 1, "
+            "this one is 2); write it again with `turingbox plan --json`.") in r.stderr
+    assert not (tmp_path / "root").exists()                  # nothing half-written
+
+
 def test_warmup_on_a_complete_entry_does_nothing_but_report_it(tmp_path):
     from plan_factory import planned
     plan = make_plan()

@@ -193,7 +193,7 @@ for phase in "$@"; do
               step_run warm "--only turingbox --label spawn --tb-env VLLM_WORKER_MULTIPROC_METHOD=spawn"
               if ls /tmp/dw/py_spy-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
                    --target /tmp/pyspy /tmp/dw/py_spy-*.whl > $R/pyspy-install.txt 2>&1; then
-                BENCH_TB_WRAP="/tmp/pyspy/bin/py-spy record --subprocesses --threads --idle --rate 50 --format raw -o /tmp/pyspy-warm.txt --" \
+                BENCH_TB_WRAP="/tmp/pyspy/bin/py-spy record --subprocesses --threads --idle --nonblocking --rate 50 --format raw -o /tmp/pyspy-warm.txt --" \
                   step_run warm "--only turingbox --label pyspy"
                 gzip -c /tmp/pyspy-warm.txt > $R/startup/pyspy-warm.txt.gz 2>> $R/pyspy-install.txt
               else

@@ -18,8 +18,10 @@ for name in ("VLLM_CONFIG_ROOT", "VLLM_XLA_CACHE_PATH", "VLLM_CACHE_ROOT", "VLLM
 
 
 def key_under(home: str, **extra: str) -> tuple[dict, str]:
-    """compile_factors and their hash with HOME (and XDG_CACHE_HOME, as a user's profile sets it) at `home`."""
-    os.environ.update(HOME=home, XDG_CACHE_HOME=os.path.join(home, ".cache"), **extra)
+    """compile_factors and their hash with HOME (and XDG_CONFIG_HOME / XDG_CACHE_HOME, as a user's profile sets
+    them) at `home`."""
+    os.environ.update(HOME=home, XDG_CONFIG_HOME=os.path.join(home, ".config"),
+                      XDG_CACHE_HOME=os.path.join(home, ".cache"), **extra)
     try:
         factors = envs.compile_factors()
     finally:

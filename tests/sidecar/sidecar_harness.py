@@ -73,7 +73,9 @@ class Serve:
         self.tmpdir = os.path.join(tmp, "tmpdir")
         os.makedirs(self.tmpdir, exist_ok=True)
         model = self.model = make_model_dir(tmp, demo)
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TURINGBOX_", "FAKE_VLLM_"))}
+        # the developer's own VLLM_WORKER_MULTIPROC_METHOD would win over the plan's (launch.OPERATOR_WINS)
+        full_env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("TURINGBOX_", "FAKE_VLLM_")) and k != "VLLM_WORKER_MULTIPROC_METHOD"}
         full_env.update({
             "TURINGBOX_VLLM_COMMAND": f"{sys.executable} {FAKE_VLLM}",
             "TURINGBOX_CACHE_DIR": os.path.join(tmp, "cache"),

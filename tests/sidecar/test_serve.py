@@ -559,8 +559,10 @@ def test_a_text_only_demo_forks_vllms_engine_core_unless_the_operator_says_spawn
     # (~15 s sooner than spawning a fresh interpreter on the H200, session 11); the operator's own choice wins.
     for env, method in (({}, "fork"), ({"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, "spawn")):
         s = serve_factory(demo=True, env=env)
-        s.wait_ready()
-        started = s.events("started")[0]
-        assert started["multiproc_method"] == method
-        assert "--language-model-only" in started["argv"] and "--limit-mm-per-prompt" not in started["argv"]
-        s.close()
+        try:
+            s.wait_ready()
+            started = s.events("started")[0]
+            assert started["multiproc_method"] == method
+            assert "--language-model-only" in started["argv"] and "--limit-mm-per-prompt" not in started["argv"]
+        finally:
+            s.close()

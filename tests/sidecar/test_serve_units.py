@@ -102,6 +102,8 @@ def test_a_cache_hit_that_compiles_anyway_is_named_at_ready():
     assert warning.startswith("the compile cache was a hit, but vLLM compiled 2 torch.compile graph(s) and loaded 0")
     assert "cache_key_factors.json files under vllm/torch_compile_cache in /cache/entries/88e3" in warning
     assert stages.compile_cache_warning("cold", 2, 0, None) is None      # a miss compiles: nothing to say
+    assert stages.compile_cache_warning("warm", 2, 0, None, cache_disabled=True).startswith(
+        "VLLM_DISABLE_COMPILE_CACHE is set, so vLLM compiled 2 torch.compile graph(s) instead of loading them")
     t2 = stages.StartupTracker()
     t2.advance(stages.STARTING)
     for line in (LOADED, LOADED):

@@ -44,3 +44,17 @@ def test_the_cli_reads_gzip_writes_json_and_refuses_a_missing_file(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(REPO, "bench", "pyspy_summary.py"), str(tmp_path / "none.txt")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("pyspy_summary: cannot read") and "Traceback" not in r.stderr
+
+
+def test_a_child_process_nested_under_its_parent_is_its_own_row():
+    # py-spy 0.4.3 --subprocesses: `process PARENT:"";process CHILD:"cmd";thread (...)...` (a bench run of turingbox
+    # serve over the stand-in vLLM on CPU; the child's command line shortened)
+    path = os.path.join(REPO, "tests", "fixtures", "pyspy-raw-subprocess.txt")
+    summary = pyspy_summary.summarize(pyspy_summary.read_stacks(path), rate=50, top=2, min_s=0)
+    rows = {(g["process"].split()[0], g["thread"]): g for g in summary}
+    assert set(rows) == {("770", "MainThread (770)"), ("748", "MainThread (748)"),
+                         ("770", "Thread-5 (process_request_thread) (793)")}
+    child = rows[("770", "MainThread (770)")]
+    assert child["seconds"] == 1.5 and child["process"].startswith("770 python fake_vllm.py serve")
+    assert child["top"][0] == {"function": "<module> (fake_vllm.py)", "seconds": 1.5}
+    assert rows[("748", "MainThread (748)")]["seconds"] == 0.06

@@ -127,6 +127,13 @@ def load_saved_plan(path: str, flag: str) -> Plan:
         raise UsageError(f"{flag} {path!r} is not valid JSON ({exc}).") from None
     if not isinstance(data, dict):
         raise UsageError(f"{flag} {path!r} is not a turingbox plan (a JSON object from `turingbox plan --json`).")
+    from turingbox.cache.fingerprint import KEY_REVISION
+    inputs = data.get("cache_inputs")
+    revision = inputs.get("revision", 1) if isinstance(inputs, dict) else None
+    if revision is not None and revision != KEY_REVISION:
+        # its vLLM argv and cache key are what an older turingbox planned: a hit on an entry vLLM cannot use
+        raise UsageError(f"{flag} {path!r} was planned by an older turingbox (cache key revision {revision}, this "
+                         f"one is {KEY_REVISION}); write it again with `turingbox plan --json`.")
     try:
         return Plan.from_dict(data)
     except (ValueError, TypeError) as exc:

@@ -443,7 +443,8 @@ class Controller:
         log.info("ready after %.1f s (stages: %s; vLLM graphs: %d loaded from cache, %d compiled)", t.ready_after_s,
                  ", ".join(f"{k} {v:.1f} s" for k, v in t.durations.items()), t.graphs_loaded, t.graphs_compiled)
         warning = stages.compile_cache_warning(t.profile, t.graphs_compiled, t.graphs_loaded,
-                                               getattr(session, "entry", None))
+                                               getattr(session, "entry", None),
+                                               env.get("VLLM_DISABLE_COMPILE_CACHE", "0") not in ("", "0"))
         if warning:
             log.warning("%s", warning)
         await self._probe_upstream(base)

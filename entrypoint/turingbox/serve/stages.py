@@ -76,10 +76,15 @@ DESCRIPTIONS = {
 }
 
 
-def compile_cache_warning(profile: str, graphs_compiled: int, graphs_loaded: int, entry: str | None) -> str | None:
-    """One sentence when the compile caches were a hit but vLLM compiled its graphs anyway, else None."""
+def compile_cache_warning(profile: str, graphs_compiled: int, graphs_loaded: int, entry: str | None,
+                          cache_disabled: bool = False) -> str | None:
+    """One sentence when the compile caches were a hit but vLLM compiled its graphs anyway, else None.
+    cache_disabled: VLLM_DISABLE_COMPILE_CACHE is set in vLLM's environment (then it compiles every start)."""
     if profile != "warm" or not graphs_compiled:
         return None
+    if cache_disabled:
+        return (f"VLLM_DISABLE_COMPILE_CACHE is set, so vLLM compiled {graphs_compiled} torch.compile graph(s) instead "
+                f"of loading them from the cache; unset it to start from the cache.")
     where = f" in {entry}" if entry else ""
     return (f"the compile cache was a hit, but vLLM compiled {graphs_compiled} torch.compile graph(s) and loaded "
             f"{graphs_loaded}: its compile key differs from the run that filled the cache (compare the "
