@@ -148,3 +148,16 @@ def test_a_wrapped_turingbox_is_stopped_itself_and_the_wrapper_ends_with_it(tmp_
     assert json.loads(record.read_text()) == {"stopped_by": "child exit", "child_exit": 0}
     log = (tmp_path / "work" / "logs" / "empty-turingbox.log").read_text()
     assert "SIGTERM received: draining" in log and "vLLM stopped (exit code 0)" in log
+
+
+def test_an_empty_run_of_one_server_keeps_the_other_servers_caches(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    for d in ("plain-home", "plain-empty-home", "tb-empty-root"):
+        (tmp_path / "work" / d).mkdir(parents=True)
+        (tmp_path / "work" / d / "kept").write_text("x")
+    r = bench(tmp_path, "empty", "--only", "turingbox", "--label", "tb-only")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (tmp_path / "work" / "plain-home" / "kept").exists()              # plain vLLM's, for its seeded run
+    assert (tmp_path / "work" / "plain-empty-home" / "kept").exists()
+    assert not (tmp_path / "work" / "tb-empty-root" / "kept").exists()      # turingbox's own: emptied
