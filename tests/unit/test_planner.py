@@ -158,6 +158,7 @@ def _h200(p):
     assert "--disable-custom-all-reduce" not in p.vllm_args
     # the real model serves images: its API server imports the model class (CUDA), so vLLM's spawn stays
     assert "--language-model-only" not in p.vllm_args and "VLLM_WORKER_MULTIPROC_METHOD" not in p.env
+    assert "--chat-template" not in p.vllm_args          # the model's own template, found as vLLM finds it
 
 
 def _h200_x2(p):
@@ -222,6 +223,8 @@ def _util_override(p):
 def _demo(p):
     assert p.demo and has_pair(p.vllm_args, "--load-format", "dummy")
     assert "--language-model-only" in p.vllm_args and "--limit-mm-per-prompt" not in p.vllm_args
+    # the template file turingbox wrote: vLLM's API server then skips loading the AutoProcessor to find it
+    assert has_pair(p.vllm_args, "--chat-template", os.path.join(p.model, "chat_template.jinja"))
     # text only: vLLM's API server never initialises CUDA, so the engine core is forked, not spawned
     assert p.env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
     assert any(r.startswith("engine core forked (VLLM_WORKER_MULTIPROC_METHOD=fork)") for r in p.reasons)

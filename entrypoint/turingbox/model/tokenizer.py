@@ -22,7 +22,9 @@ from typing import Any
 # Bump when the files written here change shape, so cached tokenizers are rebuilt.
 TOKENIZER_FORMAT_VERSION = 1
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+# The chat template, also in tokenizer_config.json: transformers' tokenizer and processor both read this file.
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", CHAT_TEMPLATE_FILE)
 CHAT_TEMPLATE_RESOURCE = "qwen3_chat_template.jinja"
 
 EOS_TOKEN = "<|im_end|>"
@@ -148,7 +150,7 @@ def write_tokenizer_files(out_dir: str) -> None:
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(tokenizer_config(), f, indent=2, ensure_ascii=False)
         f.write("\n")
-    with open(os.path.join(out_dir, "chat_template.jinja"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out_dir, CHAT_TEMPLATE_FILE), "w", encoding="utf-8") as f:
         f.write(chat_template())
 
 
