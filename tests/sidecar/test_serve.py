@@ -219,6 +219,9 @@ def test_metrics(server):
     assert 'turingbox_proxy_time_to_first_byte_seconds_count{route="completions"}' in text
     assert 'turingbox_proxy_rejected_total{reason="unauthorized"}' in text or "unauthorized" not in text
     assert 'turingbox_stage{stage="ready"} 1.0' in text
+    # the stand-in vLLM prints no graph lines, and this start had no cache hit: nothing to flag
+    assert 'turingbox_startup_vllm_graphs{source="compiled"} 0.0' in text
+    assert "turingbox_startup_compile_cache_mismatch 0.0" in text
     for stage in ("planning", "starting", "loading", "compiling", "capturing", "warming"):
         assert f'turingbox_startup_stage_seconds{{stage="{stage}"}}' in text, stage
     assert "turingbox_jit_after_ready_total 2.0" in text

@@ -98,6 +98,9 @@ def test_a_cache_hit_that_compiles_anyway_is_named_at_ready():
     for line in ("Starting to load model x...", COMPILED, COMPILED):
         t.observe_log_line(line)
     assert (t.graphs_compiled, t.graphs_loaded) == (2, 0) and t.stage == stages.COMPILING
+    assert not t.compile_cache_missed                       # a cold start compiles: no mismatch
+    t.profile = "warm"
+    assert t.compile_cache_missed
     warning = stages.compile_cache_warning("warm", t.graphs_compiled, t.graphs_loaded, "/cache/entries/88e3")
     assert warning.startswith("the compile cache was a hit, but vLLM compiled 2 torch.compile graph(s) and loaded 0")
     assert "cache_key_factors.json files under vllm/torch_compile_cache in /cache/entries/88e3" in warning

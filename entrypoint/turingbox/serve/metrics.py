@@ -111,6 +111,15 @@ class _StageCollector(Collector):
                                 value=1.0 if t.stage == stages.READY else 0.0)
         if t.ready_after_s is not None:
             yield GaugeMetricFamily("turingbox_startup_seconds", "Seconds from start to ready", value=t.ready_after_s)
+            graphs = GaugeMetricFamily("turingbox_startup_vllm_graphs",
+                                       "vLLM's torch.compile graphs at this start: loaded from the cache or compiled",
+                                       labels=["source"])
+            graphs.add_metric(["loaded"], t.graphs_loaded)
+            graphs.add_metric(["compiled"], t.graphs_compiled)
+            yield graphs
+            yield GaugeMetricFamily("turingbox_startup_compile_cache_mismatch",
+                                    "1 when the compile cache was a hit but vLLM compiled its graphs anyway",
+                                    value=1.0 if t.compile_cache_missed else 0.0)
 
 
 class _WorkerCollector(Collector):

@@ -131,6 +131,11 @@ class StartupTracker:
         self.stage_started_at = self.stage_started_at or now
 
     @property
+    def compile_cache_missed(self) -> bool:
+        """The compile caches were a hit, but vLLM compiled graphs while starting (its compile key moved)."""
+        return self.profile == "warm" and self.graphs_compiled > 0
+
+    @property
     def finished(self) -> bool:
         return self.stage in (READY,) + TERMINAL
 
