@@ -206,7 +206,7 @@ for phase in "$@"; do
               timeout 400 python3 tests/gpu/side_by_side.py --model ${BENCH_MODEL:-/tmp/demo} --phase plmem --gpus $one,$one \
                 --skip-plain --cache /tmp/turingbox-bench/tb-seeded-root --out $R --no-decode --ready-limit 300 \
                 --after-timeout 120 \
-                --after="python3 tests/gpu/prompt_logprobs_memory.py --url http://127.0.0.1:\$PROXY_PORT --gpu $one --json \$OUT/prompt-logprobs-memory.json > \$OUT/prompt-logprobs-memory.txt 2>&1" ;;
+                --after="curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-plmem.txt; python3 tests/gpu/prompt_logprobs_memory.py --url http://127.0.0.1:\$PROXY_PORT --gpu $one --json \$OUT/prompt-logprobs-memory.json > \$OUT/prompt-logprobs-memory.txt 2>&1" ;;
     soakawq)  # issue 15: the AWQ demo, cold, at AWQ_UTIL (0.33: beside soak64) of the GPU on other ports: first request
               # check, the same soak
               [ -d /tmp/demo-awq ] || python3 -m turingbox demo-model /tmp/demo-awq --awq
