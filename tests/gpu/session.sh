@@ -184,7 +184,8 @@ for phase in "$@"; do
                 echo "== $f"; cat "$f"; done > $R/startup/cache-key-factors.txt 2>&1 ;;
     startupx) # after startupab, on its caches: turingbox warm with a spawned engine core (fork's own share), then warm
               # under py-spy (where each second of a seeded start goes, per process; the wheel is staged in
-              # .device-wheels/extra, tests/gpu/README.md), ~180 s. Results: $R/startup, $R/startup/pyspy-warm.txt.gz
+              # .device-wheels/extra, tests/gpu/README.md), then warm without the active warmup, ~250 s.
+              # Results: $R/startup, $R/startup/pyspy-warm.txt.gz
               ab="--tb-env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos"
               step_run() {   # $1 phase, $2 bench flags; BENCH_TB_WRAP passes through the environment
                 echo "--- $1 $2 $(date +%T)" >> $R/startup.txt
@@ -199,6 +200,8 @@ for phase in "$@"; do
               else
                 echo "py-spy is not staged (.device-wheels/extra): no profile" >> $R/startup.txt
               fi
+              # what the active warmup (7 s of session 11's warm start) buys: first TTFT vs the next, strict warmup only
+              step_run warm "--only turingbox --label no-active --tb-env TURINGBOX_ACTIVE_WARMUP=0"
               step_run report "" ;;
     plmem)    # after startupab, on its seeded turingbox caches (a warm start, same argv): one prompt_logprobs request of
               # ~8,000 tokens and the GPU's used memory before and after (session 10: the AWQ engine held 7.6 GiB over
