@@ -7,7 +7,8 @@
 # benches), turbo / turbo-ref (the same demo with TURINGBOX_GDN=turbo / vllm, cold, benches); soakseed, soak64, soakawq
 # (issue 15's traffic soak: tests/gpu/soak.py; SOAK_S, SOAK_MIN_REQ, SOAK_MAX_S, SOAK_SEED, SOAK_PEER below); replay8
 # (session 8's soak replayed against the fixed plugin, beside soakawq); fibaked (issue 20,
-# beside soak64); startupab (issue 18's A/B, bench/startup.sh), then plmem (prompt_logprobs memory on its caches).
+# beside soak64); startupab (issue 18's A/B, bench/startup.sh), then plmem (prompt_logprobs memory on its caches), then
+# startupx (turingbox warm spawned, under py-spy, without the active warmup).
 # Two lanes at once (one GPU each): LANE=a bash session.sh ... & LANE=b bash session.sh ... ; each lane touches
 # /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both); LANE_GPU picks the lane's GPU.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
 set -u
