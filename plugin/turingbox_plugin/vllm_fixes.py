@@ -525,9 +525,9 @@ def fix_compile_key_locations() -> str:
     vLLM 0.21 names its compile cache folder (torch_compile_cache/<hash>, and torch_aot_compile/<hash>) after a
     hash of every vLLM environment variable except a list of ones that do not change compiled code, VLLM_CACHE_ROOT
     among them. VLLM_CONFIG_ROOT and VLLM_XLA_CACHE_PATH are not on that list, and they default to folders under
-    HOME (XDG_CONFIG_HOME, XDG_CACHE_HOME). So a cache seeded under one HOME (a seeding Job, an image build, a bench phase) was
-    a turingbox hit but a vLLM miss under another: session 11's startup A/B recompiled every graph on its seeded
-    copy (63 s of a 120 s ready). With these two out of the key, the folder depends on what vLLM compiles only.
+    HOME (XDG_CONFIG_HOME, XDG_CACHE_HOME). So a cache seeded under one HOME (a seeding Job, an image build, a
+    bench phase) was a turingbox hit but a vLLM miss under another: session 11's startup A/B recompiled every graph
+    on its seeded copy (63 s of a 120 s ready). With these two out of the key, the folder depends on what vLLM compiles only.
     Applied in the worker, where vLLM computes the key.
     """
     import vllm.envs as envs

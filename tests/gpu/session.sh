@@ -40,6 +40,13 @@ soak_gate() { [ -z "$SOAK_PEER" ] || echo "bash tests/gpu/soak_gate.sh $SOAK_PEE
 # engine 7.6 GiB over its budget after a prompt_logprobs request, fixed since in the plugin).
 gpu_memory() { echo "nvidia-smi --query-compute-apps=pid,used_memory --format=csv > \$OUT/gpu-memory-$1.txt 2>&1"; }
 soak_limit=$(( SOAK_MAX_S + 2 * SOAK_GATE_S + 2400 ))
+# Issue 18's bench steps (startupab, startupx): $1 phase, $2 bench flags; BENCH_TB_WRAP passes through the environment.
+# The model infos are the image's: new entries start with them (Dockerfile: turingbox.build.modelinfos).
+startup_step() {
+  echo "--- $1 $2 $(date +%T)" >> $R/startup.txt
+  OUT=$R/startup BENCH_GPUS=$one BENCH_WORK=/tmp/turingbox-bench \
+    BENCH_ARGS="--tb-env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos --copy-logs $2" \
+    timeout 600 bash bench/startup.sh "$1" >> $R/startup.txt 2>&1; }
 for phase in "$@"; do
   echo "=== $phase start $(date +%T)"
   t0=$(date +%s)
@@ -174,11 +181,8 @@ for phase in "$@"; do
               # seeded (the Done-when pair). Results: $R/startup. startupx adds the spawn and profile steps.
               [ -d /tmp/tb-modelinfos/modelinfos ] || python3 -m turingbox.build.modelinfos --out /tmp/tb-modelinfos \
                 > $R/modelinfos.txt 2>&1
-              ab="--tb-env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos"
               for step in "empty|--only plain" "seed|" "seeded|" ${STARTUP_WARM:+"warm|"} "report|"; do
-                echo "--- ${step%%|*} ${step#*|} $(date +%T)" >> $R/startup.txt
-                OUT=$R/startup BENCH_GPUS=$one BENCH_WORK=/tmp/turingbox-bench BENCH_ARGS="$ab --copy-logs ${step#*|}" \
-                  timeout 600 bash bench/startup.sh "${step%%|*}" >> $R/startup.txt 2>&1
+                startup_step "${step%%|*}" "${step#*|}"
               done
               # vLLM's own record of what its compile key hashed, per start (session 11: HOME moved it)
               find /tmp/turingbox-bench -name cache_key_factors.json -path '*backbone*' | while read -r f; do
@@ -187,23 +191,18 @@ for phase in "$@"; do
               # under py-spy (where each second of a seeded start goes, per process; the wheel is staged in
               # .device-wheels/extra, tests/gpu/README.md), then warm without the active warmup, ~250 s.
               # Results: $R/startup, $R/startup/pyspy-warm.txt.gz
-              ab="--tb-env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos"
-              step_run() {   # $1 phase, $2 bench flags; BENCH_TB_WRAP passes through the environment
-                echo "--- $1 $2 $(date +%T)" >> $R/startup.txt
-                OUT=$R/startup BENCH_GPUS=$one BENCH_WORK=/tmp/turingbox-bench BENCH_ARGS="$ab --copy-logs $2" \
-                  timeout 600 bash bench/startup.sh "$1" >> $R/startup.txt 2>&1; }
-              step_run warm "--only turingbox --label spawn --tb-env VLLM_WORKER_MULTIPROC_METHOD=spawn"
+              startup_step warm "--only turingbox --label spawn --tb-env VLLM_WORKER_MULTIPROC_METHOD=spawn"
               if ls /tmp/dw/py_spy-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
                    --target /tmp/pyspy /tmp/dw/py_spy-*.whl > $R/pyspy-install.txt 2>&1; then
                 BENCH_TB_WRAP="/tmp/pyspy/bin/py-spy record --subprocesses --threads --idle --nonblocking --rate 50 --format raw -o /tmp/pyspy-warm.txt --" \
-                  step_run warm "--only turingbox --label pyspy"
+                  startup_step warm "--only turingbox --label pyspy"
                 gzip -c /tmp/pyspy-warm.txt > $R/startup/pyspy-warm.txt.gz 2>> $R/pyspy-install.txt
               else
                 echo "py-spy is not staged (.device-wheels/extra): no profile" >> $R/startup.txt
               fi
               # what the active warmup (7 s of session 11's warm start) buys: first TTFT vs the next, strict warmup only
-              step_run warm "--only turingbox --label no-active --tb-env TURINGBOX_ACTIVE_WARMUP=0"
-              step_run report "" ;;
+              startup_step warm "--only turingbox --label no-active --tb-env TURINGBOX_ACTIVE_WARMUP=0"
+              startup_step report "" ;;
     plmem)    # after startupab, on its seeded turingbox caches (a warm start, same argv): one prompt_logprobs request of
               # ~8,000 tokens and the GPU's used memory before and after (session 10: the AWQ engine held 7.6 GiB over
               # its budget; the plugin slices prompt logprobs since). Result: $R/prompt-logprobs-memory.json

@@ -76,11 +76,16 @@ DESCRIPTIONS = {
 }
 
 
+def compile_cache_missed(profile: str, graphs_compiled: int) -> bool:
+    """The compile caches were a hit ("warm"), but vLLM compiled graphs while starting (its compile key moved)."""
+    return profile == "warm" and graphs_compiled > 0
+
+
 def compile_cache_warning(profile: str, graphs_compiled: int, graphs_loaded: int, entry: str | None,
                           cache_disabled: bool = False) -> str | None:
     """One sentence when the compile caches were a hit but vLLM compiled its graphs anyway, else None.
     cache_disabled: VLLM_DISABLE_COMPILE_CACHE is set in vLLM's environment (then it compiles every start)."""
-    if profile != "warm" or not graphs_compiled:
+    if not compile_cache_missed(profile, graphs_compiled):
         return None
     if cache_disabled:
         return (f"VLLM_DISABLE_COMPILE_CACHE is set, so vLLM compiled {graphs_compiled} torch.compile graph(s) instead "
@@ -132,8 +137,7 @@ class StartupTracker:
 
     @property
     def compile_cache_missed(self) -> bool:
-        """The compile caches were a hit, but vLLM compiled graphs while starting (its compile key moved)."""
-        return self.profile == "warm" and self.graphs_compiled > 0
+        return compile_cache_missed(self.profile, self.graphs_compiled)
 
     @property
     def finished(self) -> bool:
