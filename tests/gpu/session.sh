@@ -8,7 +8,7 @@
 # (issue 15's traffic soak: tests/gpu/soak.py; SOAK_S, SOAK_MIN_REQ, SOAK_MAX_S, SOAK_SEED, SOAK_PEER below); replay8
 # (session 8's soak replayed against the fixed plugin, beside soakawq); fibaked (issue 20,
 # beside soak64); startupab (issue 18's A/B, bench/startup.sh), then plmem (prompt_logprobs memory on its caches), then
-# startupx (turingbox warm spawned, under py-spy, without the active warmup).
+# startupx (turingbox warm under py-spy, without the active warmup; STARTUP_SPAWN=1 adds a spawned start).
 # Two lanes at once (one GPU each): LANE=a bash session.sh ... & LANE=b bash session.sh ... ; each lane touches
 # /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both); LANE_GPU picks the lane's GPU.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
 set -u
@@ -191,7 +191,8 @@ for phase in "$@"; do
               # under py-spy (where each second of a seeded start goes, per process; the wheel is staged in
               # .device-wheels/extra, tests/gpu/README.md), then warm without the active warmup, ~250 s.
               # Results: $R/startup, $R/startup/pyspy-warm.txt.gz
-              startup_step warm "--only turingbox --label spawn --tb-env VLLM_WORKER_MULTIPROC_METHOD=spawn"
+              # fork's share was read from session 11's seed (spawned) start; the control start costs ~90 s of device time
+              [ -n "${STARTUP_SPAWN:-}" ] && startup_step warm "--only turingbox --label spawn --tb-env VLLM_WORKER_MULTIPROC_METHOD=spawn"
               if ls /tmp/dw/py_spy-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
                    --target /tmp/pyspy /tmp/dw/py_spy-*.whl > $R/pyspy-install.txt 2>&1; then
                 BENCH_TB_WRAP="/tmp/pyspy/bin/py-spy record --subprocesses --threads --idle --nonblocking --rate 50 --format raw -o /tmp/pyspy-warm.txt --" \
