@@ -8,7 +8,8 @@
 # (issue 15's traffic soak: tests/gpu/soak.py; SOAK_S, SOAK_MIN_REQ, SOAK_MAX_S, SOAK_SEED, SOAK_PEER below); replay8
 # (session 8's soak replayed against the fixed plugin, beside soakawq); fibaked (issue 20,
 # beside soak64); startupab (issue 18's A/B, bench/startup.sh), then plmem (prompt_logprobs memory on its caches), then
-# startupx (turingbox warm under py-spy, without the active warmup; STARTUP_SPAWN=1 adds a spawned start).
+# startupx (turingbox warm under py-spy; STARTUP_NOACTIVE=1 adds one without the active warmup, STARTUP_SPAWN=1 a
+# spawned one).
 # Two lanes at once (one GPU each): LANE=a bash session.sh ... & LANE=b bash session.sh ... ; each lane touches
 # /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both); LANE_GPU picks the lane's GPU.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
 set -u
@@ -202,7 +203,7 @@ for phase in "$@"; do
                 echo "py-spy is not staged (.device-wheels/extra): no profile" >> $R/startup.txt
               fi
               # what the active warmup (7 s of session 11's warm start) buys: first TTFT vs the next, strict warmup only
-              startup_step warm "--only turingbox --label no-active --tb-env TURINGBOX_ACTIVE_WARMUP=0"
+              [ -n "${STARTUP_NOACTIVE:-}" ] && startup_step warm "--only turingbox --label no-active --tb-env TURINGBOX_ACTIVE_WARMUP=0"
               startup_step report "" ;;
     plmem)    # after startupab, on its seeded turingbox caches (a warm start, same argv): one prompt_logprobs request of
               # ~8,000 tokens and the GPU's used memory before and after (session 10: the AWQ engine held 7.6 GiB over
