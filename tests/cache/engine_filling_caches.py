@@ -40,6 +40,9 @@ def main() -> None:
     if os.environ.get("TRITON_CACHE_AUTOTUNING") == "1" and os.environ.get("TRITON_CACHE_DIR"):
         with open(os.path.join(os.environ["TRITON_CACHE_DIR"], "KERNELHASH", "chunk_fwd.autotune.json"), "w") as f:
             json.dump({"key": [1], "configs_timings": [[{"num_warps": 4}, [0.1]]]}, f)
+    # vLLM compiles its graphs when its compile cache holds none, and loads them otherwise
+    if "VLLM_CACHE_ROOT" in written:
+        os.environ["FAKE_VLLM_GRAPHS"] = "loaded" if "VLLM_CACHE_ROOT" in found else "compiled"
     print(f"engine_filling_caches: HOME {os.environ.get('HOME')}, found {json.dumps(sorted(found))}", flush=True)
     print(f"engine_filling_caches: wrote {json.dumps(written, sort_keys=True)}", flush=True)
     os.execv(sys.executable, [sys.executable, FAKE_VLLM, *sys.argv[1:]])

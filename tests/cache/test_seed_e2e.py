@@ -114,8 +114,14 @@ def test_seed_only_leaves_a_complete_verified_entry_that_serve_then_hits(box):
     key = plan.cache_key
     r = warmup(box, "--seed-only")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert stages_of(r.stdout) == list(STAGES)
-    assert "engine_filling_caches: wrote" in r.stdout          # the engine really ran
+    # The engine compiled its graphs (an empty entry), so the seed starts it once more, loading them as serve will.
+    engine_stages = ["engine-start", "engine-ready", "strict-warmup", "active-warmup", "engine-stop"]
+    assert stages_of(r.stdout) == ["plan", "cache", *engine_stages, "loading-start", *engine_stages, "complete"]
+    assert set(stages_of(r.stdout)) == set(STAGES)
+    assert "vLLM compiled 2 graph(s); starting it once more" in r.stdout
+    assert r.stdout.count("engine_filling_caches: wrote") == 2   # the engine really ran, twice
+    assert 'found []' in r.stdout and 'found ["TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"]' in r.stdout
+    assert len(engine_pids(box)) == 2
     result = result_of(r.stdout)
     assert result["cache_key"] == key and result["mode"] == "shared" and result["result"] == "miss"
     assert result["gpu_name"] == "NVIDIA H200" and result["num_speculative_tokens"] == plan.num_speculative_tokens
@@ -174,6 +180,8 @@ def test_a_seed_after_a_failed_one_resumes_and_completes_the_same_entry(box):
     r = warmup(box, "--seed-only")
     assert r.returncode == 0, r.stderr
     assert "incomplete (attempt 2)" in r.stdout
+    # The failed attempt left the compiled graphs: this start loaded them, so one start is enough.
+    assert "loading-start" not in stages_of(r.stdout) and len(engine_pids(box)) == 2
     manifest = json.load(open(os.path.join(store.entry_dir(box["root"], key), "manifest.json")))
     assert manifest["completed"] and manifest["attempts"] == 2
 

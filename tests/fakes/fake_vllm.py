@@ -61,6 +61,8 @@ DEFAULTS = {
     "events": "", "plugin": "ok", "jit-after-ready": "", "ignore-sigterm": "0", "sigterm-seconds": "0",
     "child": "0", "fail-requests": "0", "keepalive-race": "0", "close-after-error": "1", "max-model-len": "4096",
     "metrics": "recorded",
+    # "compiled" / "loaded": log vLLM 0.21's line for two torch.compile graphs compiled or loaded from its cache
+    "graphs": "",
     "keepalive-race-methods": "GET",
 }
 # vLLM 0.21's own message (sampling_params.py, _validate_spec_decode).
@@ -455,7 +457,11 @@ def main(argv: list[str]) -> None:
     startup_stage("loading", [("gpu_model_runner.py:4858", f"Starting to load model {O['model']}...")],
                   [("default_loader.py:398", "Loading weights took 0.01 seconds"),
                    ("gpu_model_runner.py:4960", "Model loading took 0.50 GiB memory and 0.020000 seconds")])
-    startup_stage("compiling", [("backends.py:1149", "Dynamo bytecode transform time: 0.01 s")],
+    graph_lines = {"compiled": ("backends.py:393", "Compiling a graph for compile range (1, 8192) takes 0.01 s"),
+                   "loaded": ("backends.py:292", "Directly load the compiled graph(s) for compile range (1, 8192) "
+                                                 "from the cache, took 0.010 s")}
+    graphs = [graph_lines[O["graphs"]]] * 2 if O["graphs"] in graph_lines else []
+    startup_stage("compiling", [("backends.py:1149", "Dynamo bytecode transform time: 0.01 s"), *graphs],
                   [("monitor.py:53", "torch.compile took 0.02 s in total"),
                    ("gpu_worker.py:463", "Available KV cache memory: 10.00 GiB"),
                    ("kv_cache_utils.py:1710", "GPU KV cache size: 100,000 tokens")])
