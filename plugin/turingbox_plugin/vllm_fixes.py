@@ -1,7 +1,7 @@
 """Fixes to vLLM 0.21.0 behaviour that a client can trigger, applied in the worker process (`apply_all`),
 and patches register() applies in every vLLM process (`apply_at_register`): `fix_allowed_vs_grammar`, a
-request validation (API server), `fix_terminated_grammar` (the scheduler's grammars, engine core) and
-`skip_text_only_model_import`, a startup shortcut for `--language-model-only`.
+request validation (API server), `fix_terminated_grammar` (the scheduler's grammars, engine core), and two startup
+shortcuts: `skip_text_only_model_import` for `--language-model-only` and `defer_tokenizer_pool` (API server).
 
 Each fix names the upstream report, checks that vLLM's source still contains the code it corrects (so a vLLM
 upgrade makes it step aside, logged, instead of patching code it does not know), and is idempotent.
@@ -20,12 +20,14 @@ The engine crash our traffic soak found (docs/data/2026-12-01-h200-s5/crash-anal
 dropped from the output by `parse_output` anyway, so its logprob is never read. `prompt_logprobs_slices` keeps
 a prompt_logprobs request from needing GiBs that vLLM's memory profile never reserved (session 10's soak).
 `compile_key_locations` keeps vLLM's compile cache valid under another HOME (session 11's startup A/B).
+`tokenizer_pool_after_engine_start` takes the API server's tokenizer copies off the path to ready (session 12).
 """
 from __future__ import annotations
 
 import contextlib
 import inspect
 import logging
+import sys
 import threading
 from typing import Any, Callable
 
@@ -553,11 +555,108 @@ def fix_compile_key_locations() -> str:
     return "applied"
 
 
+# vLLM 0.21.0's maybe_make_thread_pool (vllm/tokenizers/hf.py): the copies it makes before it returns.
+POOL_FILLED_AT_ONCE = """    for _ in range(copies):
+        tokenizer_pool.put(copy.deepcopy(og_tokenizer))"""
+_pool_fills: list[Callable[[], None]] = []     # filled once the engine processes run (this process's renderers)
+_engines_started = threading.Event()
+
+
+def _pool_of(tokenizer: Any) -> tuple[Any, Any] | None:
+    """(queue, the tokenizer it copies) of a tokenizer vLLM's maybe_make_thread_pool turned into a pool: the cells
+    of its borrow helper, which every pooled method closes over. None when vLLM's pool looks different."""
+    import queue
+
+    method = type(tokenizer).__dict__.get("encode")
+    for cell in getattr(method, "__closure__", None) or ():
+        borrow = getattr(cell.cell_contents, "__wrapped__", None)     # contextlib.contextmanager keeps it there
+        cells = [c.cell_contents for c in getattr(borrow, "__closure__", None) or ()]
+        pools = [c for c in cells if isinstance(c, queue.Queue)]
+        originals = [c for c in cells if c is not None and not isinstance(c, queue.Queue) and hasattr(c, "encode")]
+        if len(pools) == 1 and len(originals) == 1:
+            return pools[0], originals[0]
+    return None
+
+
+def fill_tokenizer_pools() -> int:
+    """Make the deferred copies now, in this thread; returns how many were made."""
+    import time
+
+    made = 0
+    while _pool_fills:
+        t0 = time.perf_counter()
+        made += _pool_fills.pop(0)()
+        log.info("turingbox: tokenizer pool filled after the engine processes started (%.2f s, off the startup "
+                 "path)", time.perf_counter() - t0)
+    return made
+
+
+def defer_tokenizer_pool() -> str:
+    """The API server copies its tokenizer for the renderer's thread pool after the engine core starts, not before.
+
+    vLLM 0.21's HfRenderer hands its tokenizer to maybe_make_thread_pool, which deep-copies it twice
+    (renderer_num_workers + 1; the Rust tokenizer is pickled and rebuilt, then its vocab caches again) before it
+    returns. That runs before the API server starts the engine core: 4.9 s of the API server's 66 s in session 12's
+    py-spy profile (H200 host, 248K-token tokenizer), all on the path to ready. Then the API server only waits (31.9 s
+    in the same profile). Here the pool is built empty (vLLM's own code, copies=0) and the copies are made in a
+    thread started once CoreEngineProcManager has started the engine processes: after the fork, because forking
+    beside a thread inside the Rust tokenizer is not safe. A request that finds the pool empty makes its own copy,
+    as in vLLM. A pool built once the engines run is filled at once, as vLLM does.
+    """
+    import copy
+
+    import vllm.tokenizers.hf as tokenizers_hf
+    from vllm.v1.engine.utils import CoreEngineProcManager
+
+    current = tokenizers_hf.maybe_make_thread_pool
+    if getattr(current, "_turingbox_deferred", False):
+        return "applied"
+    if not _unchanged(current, POOL_FILLED_AT_ONCE):
+        return "skipped: vllm.tokenizers.hf.maybe_make_thread_pool is not vLLM 0.21.0's"
+
+    def maybe_make_thread_pool(tokenizer: Any, copies: int = 1) -> Any:
+        eligible = (isinstance(tokenizer, tokenizers_hf.PreTrainedTokenizerFast)
+                    and not isinstance(tokenizer, tokenizers_hf.ThreadSafeHFTokenizerMixin))
+        if _engines_started.is_set() or copies < 1 or not eligible:
+            return current(tokenizer, copies)
+        result = current(tokenizer, 0)     # vLLM's pool, empty: a borrower that finds it empty makes its own copy
+        found = _pool_of(tokenizer)
+        if found is None:
+            log.warning("turingbox: vLLM's tokenizer pool has no queue where 0.21.0 keeps it; it fills on demand")
+            return result
+        queue_, original = found
+
+        def fill() -> int:
+            for _ in range(copies):
+                queue_.put(copy.deepcopy(original))
+            return copies
+        _pool_fills.append(fill)
+        return result
+
+    def start_engines(self: Any, *args: Any, **kwargs: Any) -> None:
+        start_engines.__wrapped__(self, *args, **kwargs)       # vLLM's: starts (forks or spawns) the engine cores
+        _engines_started.set()
+        if _pool_fills:
+            threading.Thread(target=fill_tokenizer_pools, name="turingbox-tokenizer-pool", daemon=True).start()
+
+    start_engines.__wrapped__ = CoreEngineProcManager.__init__     # type: ignore[attr-defined]
+    maybe_make_thread_pool.__wrapped__ = current                   # type: ignore[attr-defined]
+    maybe_make_thread_pool._turingbox_deferred = True              # type: ignore[attr-defined]
+    CoreEngineProcManager.__init__ = start_engines
+    tokenizers_hf.maybe_make_thread_pool = maybe_make_thread_pool
+    for name in ("vllm.tokenizers", "vllm.renderers.hf"):     # modules that imported the name already
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "maybe_make_thread_pool", None) is current:
+            module.maybe_make_thread_pool = maybe_make_thread_pool
+    return "applied"
+
+
 # Applied by register() in every vLLM process the plugin is active in (the API server validates requests and
 # builds its renderer; the engine core runs the scheduler's grammars); each is cheap and never touches CUDA.
 REGISTER_FIXES: dict[str, Callable[[], str]] = {"allowed_vs_grammar": fix_allowed_vs_grammar,
                                                 "text_only_model_import": skip_text_only_model_import,
-                                                "terminated_grammar": fix_terminated_grammar}
+                                                "terminated_grammar": fix_terminated_grammar,
+                                                "tokenizer_pool_after_engine_start": defer_tokenizer_pool}
 
 
 def apply_at_register() -> dict[str, str]:
