@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from turingbox.serve.active_warmup import WarmupError, concurrencies_for_plan, run_active_warmup
+from turingbox.serve.active_warmup import WarmupError, run_active_warmup
 from turingbox_plugin.bench import stats
 from turingbox_plugin.bench.client import bench_decode, bench_prefill, plot_prefill
 from turingbox_plugin.errors import ToolError
@@ -180,11 +180,3 @@ def test_active_warmup_grammar_requests_are_time_bounded(openai_recorder, monkey
     results = {x["name"]: x for x in r["requests"]}
     assert "ReadTimeout" in results["chat-forced-tool-call"]["skipped"]   # the server answers after 5 s
     assert "skipped" not in results["completion-sampled"]
-
-
-def test_concurrencies_for_plan():
-    from plan_factory import planned
-    assert concurrencies_for_plan(planned(max_num_seqs=16, num_speculative_tokens=3,
-                                          cudagraph_capture_sizes=(1, 2, 4, 8, 16))) == (1, 2, 3, 4, 16)
-    assert concurrencies_for_plan(planned(max_num_seqs=0, num_speculative_tokens=0, cudagraph_capture_sizes=(),
-                                          enforce_eager=True)) == (1,)

@@ -12,7 +12,6 @@ import json
 import time
 from typing import Any, Callable
 
-from turingbox.plan.types import Plan
 from turingbox_plugin.errors import ToolError
 
 
@@ -170,17 +169,19 @@ def _one_or_skip(client: Any, req: dict[str, Any], clock: Callable[[], float]) -
 
 def run_active_warmup(base_url: str, model: str, api_key: str | None = None, timeout: float = 600.0,
                       max_tokens: int = 32, long_prompt_tokens: int = 3000,
-                      concurrencies: tuple[int, ...] = (1, 4, 16),
+                      concurrencies: tuple[int, ...] = (),
                       clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
-    """Run the request set once, all kinds at the same time, then a mixed batch at each concurrency.
+    """Run the request set once, all kinds at the same time, then (if asked) a mixed batch at each concurrency.
 
     The kinds run together because what they warm is per kind, not per order (chat template, tool
     and reasoning parsers, detokenizer, sampler variants), and the worker's strict warmup has already
     launched every kernel specialisation: sequentially they cost ~4.7 s on an H200, together about one
-    request's time. max_tokens 32 gives several MTP draft/verify rounds at depth <= 7; the concurrency
-    sweep uses half of it. Returns timings per request and per concurrency; raises WarmupError (one
-    sentence) on the first failure of a required request. Optional (structured-output) requests
-    are bounded by OPTIONAL_TIMEOUT_S and a failure is reported as "skipped" in their result.
+    request's time. max_tokens 32 gives several MTP draft/verify rounds at depth <= 7; a concurrency
+    sweep uses half of it. There is none by default: serve's sweep at 1, 4 and 16 cost 2.3 s of a seeded start,
+    and a start with no active warmup at all had 0 JIT after ready and a first TTFT 1.18x the later ones (session
+    12, H200), so its batch classes are the strict warmup's waves. Returns timings per request and per concurrency;
+    raises WarmupError (one sentence) on the first failure of a required request. Optional (structured-output)
+    requests are bounded by OPTIONAL_TIMEOUT_S and a failure is reported as "skipped" in their result.
     """
     import httpx
 
@@ -219,11 +220,3 @@ def run_active_warmup(base_url: str, model: str, api_key: str | None = None, tim
                             "max_request_seconds": max(r["seconds"] for r in batch_results)})
     return {"base_url": base_url, "model": model, "seconds": round(clock() - started, 4),
             "requests": results, "concurrency": batches}
-
-
-def concurrencies_for_plan(plan: Plan) -> tuple[int, ...]:
-    """The batch classes the plan allows (same rule as the worker's strict warmup), capped at 64."""
-    from turingbox_plugin.warmup_plan import choose_concurrencies
-
-    n = choose_concurrencies(plan.max_num_seqs or 1, plan.num_speculative_tokens, plan.cudagraph_capture_sizes)
-    return tuple(c for c in n if c <= 64) or (1,)
