@@ -96,6 +96,8 @@ def test_prometheusrule_carries_the_same_rules_as_alerts_yaml():
 
 
 H200_PAGE = os.path.join(REPO, "docs", "data", "2026-12-01-h200-s6", "public-metrics-soak64-mid3.txt.gz")
+# session 12: a seeded start's page (the startup series added in session 11), 64-layer demo, H200
+H200_STARTUP_PAGE = os.path.join(REPO, "docs", "data", "2026-12-02-h200-s12", "public-metrics-plmem.txt.gz")
 
 
 def page_series(text: str) -> tuple[set[str], set[str]]:
@@ -110,11 +112,16 @@ def page_series(text: str) -> tuple[set[str], set[str]]:
 
 def test_every_series_queried_is_on_the_h200_soak_page():
     """Issue 19's GPU check, kept: the public /metrics of `turingbox serve` on the H200 halfway through the soak
-    (64-layer demo, 2026-12-01 session 6) serves every series the dashboard, the alerts and KEDA query."""
+    (64-layer demo, 2026-12-01 session 6) serves every series the dashboard, the alerts and KEDA query; the
+    startup series came later and are on session 12's page."""
     import gzip
     with gzip.open(H200_PAGE, "rt") as f:
         text = f.read()
+    with gzip.open(H200_STARTUP_PAGE, "rt") as f:
+        startup_text = f.read()
     samples, declared_only = page_series(text)
+    startup_samples, startup_declared = page_series(startup_text)
+    samples, declared_only = samples | startup_samples, declared_only | startup_declared
     exprs = dashboard_exprs() + alert_exprs()
     exprs += [t["metadata"]["query"] for t in load(os.path.join(K8S, "components", "keda", "scaledobject.yaml"))[0]
               ["spec"]["triggers"]]
@@ -125,3 +132,16 @@ def test_every_series_queried_is_on_the_h200_soak_page():
               if ln and ln[0] != "#" and "{" in ln and "model_name=" in ln}
     assert values["vllm:num_requests_running"] > 0 and values["vllm:kv_cache_usage_perc"] > 0
     assert "vllm:time_to_first_token_seconds_bucket" in samples and "turingbox_ready" in samples
+
+
+def test_the_startup_page_says_the_seeded_start_loaded_its_graphs():
+    """Session 12's seeded start with the compile-key fix (H200): both graphs loaded, no mismatch."""
+    import gzip
+    with gzip.open(H200_STARTUP_PAGE, "rt") as f:
+        lines = [ln for ln in f.read().splitlines() if ln and ln[0] != "#"]
+    values = {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in lines}
+    assert values["turingbox_startup_compile_cache_mismatch"] == 0
+    assert values['turingbox_startup_vllm_graphs{source="loaded"}'] == 2
+    assert values['turingbox_startup_vllm_graphs{source="compiled"}'] == 0
+    assert values["turingbox_ready"] == 1
+
