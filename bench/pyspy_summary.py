@@ -8,6 +8,7 @@ and its callee both show; read them top-down). With --idle the waits are include
 to the wall time. --json writes the same as JSON.
 
   python3 bench/pyspy_summary.py docs/data/<run>/pyspy-warm.txt.gz --rate 50 --top 25
+  python3 bench/pyspy_summary.py docs/data/<run>/pyspy-warm.txt.gz --tree EngineCore.__init__ --depth 6 --min-s 0.3
 """
 from __future__ import annotations
 
@@ -76,6 +77,46 @@ def summarize(stacks: list[tuple[list[str], int]], rate: float, top: int, min_s:
     return out
 
 
+def tree(stacks: list[tuple[list[str], int]], rate: float, root: str, pid: str | None = None, depth: int = 8,
+         min_s: float = 0.3) -> list[dict]:
+    """The call tree under every frame whose function starts with `root` (in process `pid`, if given): where that
+    function's seconds went, `depth` frames down, children with fewer than min_s seconds left out. Frames that
+    only pass a call on (wrappers) stay in, as in py-spy's own flame graphs."""
+    nodes: dict = {}
+    for frames, count in stacks:
+        rest, proc = list(frames), ""
+        while rest and (m := PROCESS.match(rest[0])):
+            proc, rest = m.group(1), rest[1:]
+        if rest and THREAD.match(rest[0]):
+            rest = rest[1:]
+        if pid is not None and proc != pid:
+            continue
+        names = [function(f) for f in rest]
+        at = next((i for i, name in enumerate(names) if name.startswith(root)), None)
+        if at is None:
+            continue
+        level = nodes
+        for name in names[at:at + depth]:
+            node = level.setdefault(name, {"samples": 0, "children": {}})
+            node["samples"] += count
+            level = node["children"]
+
+    def rows(level: dict) -> list[dict]:
+        out = []
+        for name, node in sorted(level.items(), key=lambda kv: -kv[1]["samples"]):
+            if node["samples"] / rate >= min_s:
+                out.append({"function": name, "seconds": round(node["samples"] / rate, 2),
+                            "children": rows(node["children"])})
+        return out
+    return rows(nodes)
+
+
+def print_tree(rows: list[dict], indent: int = 0) -> None:
+    for row in rows:
+        print(f"{'  ' * indent}{row['seconds']:7.2f} s  {row['function'][:150]}")
+        print_tree(row["children"], indent + 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("path", help="py-spy raw output (.txt or .txt.gz)")
@@ -83,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=25, help="functions per thread")
     p.add_argument("--min-s", type=float, default=1.0, help="leave out threads with fewer sampled seconds")
     p.add_argument("--json", dest="json_path", help="also write the summary here")
+    p.add_argument("--tree", metavar="FUNCTION", help="instead: the call tree under this function (name prefix)")
+    p.add_argument("--pid", help="with --tree: only this process")
+    p.add_argument("--depth", type=int, default=8, help="with --tree: frames below the function")
     a = p.parse_args(argv)
     try:
         stacks = read_stacks(a.path)
@@ -92,6 +136,17 @@ def main(argv: list[str] | None = None) -> int:
     if not stacks:
         print(f"pyspy_summary: {a.path} holds no py-spy stacks.", file=sys.stderr)
         return 2
+    if a.tree:
+        rows = tree(stacks, a.rate, a.tree, a.pid, a.depth, a.min_s)
+        if not rows:
+            print(f"pyspy_summary: no stack in {a.path} passes through {a.tree}"
+                  + (f" in process {a.pid}" if a.pid else "") + ".", file=sys.stderr)
+            return 2
+        print_tree(rows)
+        if a.json_path:
+            with open(a.json_path, "w") as f:
+                json.dump(rows, f, indent=1)
+        return 0
     summary = summarize(stacks, a.rate, a.top, a.min_s)
     for g in summary:
         print(f"== {g['seconds']:.1f} s  process {g['process'][:120]}  thread {g['thread']}")

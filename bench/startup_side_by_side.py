@@ -56,8 +56,9 @@ def chart(a: dict, b: dict, labels: tuple[str, str], path: str, title: str, capt
             ax.barh(y, max(s["seconds"], 0.3), left=s["start_s"], height=0.36, color=color)
             ax.text(s["start_s"] + max(s["seconds"], 0.3) + 0.6, y, f'{s["seconds"]:.1f} s', va="center", fontsize=7)
         ax.axvline(run["ready_s"], color=color, ls="--", lw=1)
-        ax.text(run["ready_s"] + 0.6, -0.9 + 0.45 * r, f'{labels[r]}: ready {run["ready_s"]:.1f} s',
-                color=color, fontsize=8, va="center")
+        last = run["ready_s"] == max(a["ready_s"], b["ready_s"])     # the later line's label goes left of it
+        ax.text(run["ready_s"] + (-0.6 if last else 0.6), -0.9 + 0.45 * r, f'{labels[r]}: ready {run["ready_s"]:.1f} s',
+                color=color, fontsize=8, va="center", ha="right" if last else "left")
     ax.set_yticks(range(len(names)))
     ax.set_yticklabels(names, fontsize=8)
     ax.set_ylim(len(names) - 0.5, -1.2)

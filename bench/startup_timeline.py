@@ -24,6 +24,8 @@ import sys
 
 SIDECAR = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 VLLM = re.compile(r"^\((APIServer|EngineCore)[^)]*\) \w+ (\d\d-\d\d \d\d:\d\d:\d\d) ")
+# bench/startup.py --copy-logs: each line prefixed with the seconds since the harness started the process (ms)
+OFFSET = re.compile(r"^\s*(\d+\.\d+) (.*)$", re.S)
 
 # (step name ending at this milestone, process, pattern); in the order a start prints them
 # The two "registry.py" steps were named "processor + tokenizer" until session 8: with every multimodal limit at 0
@@ -66,21 +68,27 @@ def parse(lines: list[str], t0: str | None = None, ready_s: float | None = None)
     start = dt.datetime.fromisoformat(t0) if t0 else None
     year = start.year if start else None
     events: list[tuple[float, str, str, int]] = []   # (epoch seconds, process, text, line index)
+    offsets = bool(lines) and all(OFFSET.match(line) for line in lines[:20] if line.strip())
     for n, line in enumerate(lines):
+        offset = None
+        if offsets and (o := OFFSET.match(line)):     # the harness' clock: ms, where vLLM's lines carry whole seconds
+            offset, line = float(o.group(1)), o.group(2)
         m = SIDECAR.match(line)
         if m:
             t = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
             year = t.year
-            events.append((t.timestamp(), "sidecar", line, n))
+            events.append((t.timestamp() if offset is None else offset, "sidecar", line, n))
             continue
         m = VLLM.match(line)
-        if m and year:
+        if m and offset is not None:
+            events.append((offset, m.group(1), line, n))
+        elif m and year:
             t = dt.datetime.strptime(f"{year}-{m.group(2)}", "%Y-%m-%d %H:%M:%S")
             events.append((t.timestamp(), m.group(1), line, n))
     if not events:
         print("startup_timeline: no timestamped turingbox/vLLM lines in the log.", file=sys.stderr)
         raise SystemExit(2)
-    t_start = start.timestamp() if start else events[0][0]
+    t_start = 0.0 if offsets else start.timestamp() if start else events[0][0]
     recompiled = any(RECOMPILED.search(e[2]) for e in events)
     steps, last, i = [], t_start, 0
     for idx, (name, proc, pat) in enumerate(MILESTONES):
@@ -93,7 +101,7 @@ def parse(lines: list[str], t0: str | None = None, ready_s: float | None = None)
                     t, n = events[j][0], events[j][3]
                 if name.startswith("torch.compile") and recompiled:
                     name = "torch.compile, recompiled: cache miss (model + drafter)"
-                if j == 0 and not start:       # the log's first line starts the clock: no step before it
+                if j == 0 and not start and not offsets:   # the log's first line starts the clock: no step before it
                     last, i = t, j + 1
                     break
                 steps.append({"step": name, "process": proc, "start_s": round(last - t_start, 1),

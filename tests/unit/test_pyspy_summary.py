@@ -58,3 +58,19 @@ def test_a_child_process_nested_under_its_parent_is_its_own_row():
     assert child["seconds"] == 1.5 and child["process"].startswith("770 python fake_vllm.py serve")
     assert child["top"][0] == {"function": "<module> (fake_vllm.py)", "seconds": 1.5}
     assert rows[("748", "MainThread (748)")]["seconds"] == 0.06
+
+
+def test_tree_splits_a_functions_seconds_over_its_callees_in_one_process(tmp_path):
+    """--tree on session 12's warm start (H200): the engine core's memory profile splits into vLLM's profile run
+    and its CUDA-graph memory profile; a name in no stack is refused in one sentence."""
+    path = os.path.join(REPO, "docs", "data", "2026-12-02-h200-s12", "pyspy-warm.txt.gz")
+    stacks = pyspy_summary.read_stacks(path)
+    (root,) = pyspy_summary.tree(stacks, 50, "Worker.determine_available_memory", pid="4260", depth=2, min_s=0.5)
+    assert root["seconds"] == 10.72
+    children = {c["function"].split(" (")[0]: c for c in root["children"]}
+    assert children["GPUModelRunner.profile_run"]["seconds"] == 8.06
+    assert sum(c["seconds"] for c in root["children"]) <= root["seconds"]
+    assert pyspy_summary.tree(stacks, 50, "Worker.determine_available_memory", pid="1", depth=2) == []
+    r = subprocess.run([sys.executable, os.path.join(REPO, "bench", "pyspy_summary.py"), path, "--tree", "no_such_fn"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "no stack" in r.stderr and "Traceback" not in r.stderr

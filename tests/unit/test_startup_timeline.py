@@ -83,3 +83,26 @@ def test_a_log_without_milestones_is_one_sentence(tmp_path):
     assert p.returncode == 2
     assert "no timestamped turingbox/vLLM lines" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_session12_bench_logs_use_the_harness_offsets(tmp_path):
+    """bench/startup.py --copy-logs prefixes every line with the seconds since it started the process (ms): the
+    timeline uses them, not vLLM's whole-second stamps, and needs no --t0 (session 12's seeded pair, H200)."""
+    data = os.path.join(REPO, "docs", "data", "2026-12-02-h200-s12")
+    results = {}
+    for name, ready in (("seeded-turingbox", 75.464), ("seeded-plain", 181.263)):
+        out = tmp_path / f"{name}.json"
+        subprocess.run([sys.executable, os.path.join(REPO, "bench", "startup_timeline.py"),
+                        os.path.join(data, f"{name}.log.gz"), "--json", str(out), "--ready-s", str(ready)],
+                       check=True, capture_output=True, text=True, timeout=120)
+        results[name] = json.loads(out.read_text())
+    tb = {s["step"]: s for s in results["seeded-turingbox"]["steps"]}
+    assert tb["sidecar Python start + imports (turingbox)"]["start_s"] == 0.0     # the harness' own start
+    assert tb["vLLM CLI + API-server imports"]["seconds"] == 13.6                  # 1.139 -> 14.728 in the log
+    assert tb["strict warmup (plugin)"]["seconds"] == 15.6
+    assert results["seeded-turingbox"]["recompiled"] is False
+    assert abs(results["seeded-turingbox"]["ready_s"] - 75.5) < 0.1
+    plain = {s["step"]: s for s in results["seeded-plain"]["steps"]}
+    assert plain["vLLM CLI + API-server imports"]["start_s"] == 0.0
+    assert plain["torch.compile from the cache (model + drafter)"]["seconds"] > 90    # FLA autotunes again
+    assert results["seeded-plain"]["recompiled"] is False
