@@ -290,10 +290,10 @@ async def _warm_engine_async(plan: Plan, session, values: Mapping[str, Any], pas
         compiled = await _run_engine(*run)
         if compiled:
             # vLLM sizes its KV cache from the memory its profile run peaked at, and a start that compiles its graphs
-            # peaks higher than one that loads them (H200, 64-layer demo: 79.84 against 81.19 GiB). Triton
-            # specialises kernels on KV-derived integers, so the first served start, which loads, compiled ~130
-            # kernels again (10 s of its 75 s, session 12). A second start here loads like serve and leaves them in
-            # the entry.
+            # peaks higher than one that loads them (H200, 64-layer demo: 79.84 against 81.19 GiB). Triton specialises
+            # kernels on KV-derived integers, so the first served start, which loads, compiled kernels again (576
+            # Triton cache files, ~10 s of its 75 s, session 12). A second start here loads as serve will and leaves
+            # them in the entry.
             stage("loading-start", f"vLLM compiled {compiled} graph(s); starting it once more as serve will, "
                                    "loading them, to fill the kernels of that KV cache size")
             await _run_engine(*run)
