@@ -96,7 +96,7 @@ def tree(stacks: list[tuple[list[str], int]], rate: float, root: str, pid: str |
         if at is None:
             continue
         level = nodes
-        for name in names[at:at + depth]:
+        for name in names[at:at + depth + 1]:            # the function, then `depth` frames below it
             node = level.setdefault(name, {"samples": 0, "children": {}})
             node["samples"] += count
             level = node["children"]
@@ -122,12 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("path", help="py-spy raw output (.txt or .txt.gz)")
     p.add_argument("--rate", type=float, default=50.0, help="py-spy's --rate (samples per second)")
     p.add_argument("--top", type=int, default=25, help="functions per thread")
-    p.add_argument("--min-s", type=float, default=1.0, help="leave out threads with fewer sampled seconds")
+    p.add_argument("--min-s", type=float, help="leave out threads (tree: calls) with fewer sampled seconds "
+                                                "(default 1.0; with --tree 0.3)")
     p.add_argument("--json", dest="json_path", help="also write the summary here")
     p.add_argument("--tree", metavar="FUNCTION", help="instead: the call tree under this function (name prefix)")
     p.add_argument("--pid", help="with --tree: only this process")
     p.add_argument("--depth", type=int, default=8, help="with --tree: frames below the function")
     a = p.parse_args(argv)
+    if a.depth < 1:
+        p.error(f"--depth must be at least 1 (got {a.depth}).")
+    if a.min_s is None:
+        a.min_s = 0.3 if a.tree else 1.0
     try:
         stacks = read_stacks(a.path)
     except OSError as exc:

@@ -59,7 +59,8 @@ RECOMPILED = re.compile(r"Compiling a graph for compile range|saved AOT compiled
 
 def open_log(path: str):
     """A recorded log, plain or gzipped, as text (the bench tools read .log and .log.gz alike)."""
-    return (gzip.open if path.endswith(".gz") else open)(path, "rt", errors="replace")
+    # newline="\n": a progress bar's "\r" redraws stay inside their line (and behind its harness offset)
+    return (gzip.open if path.endswith(".gz") else open)(path, "rt", errors="replace", newline="\n")
 
 
 def parse(lines: list[str], t0: str | None = None, ready_s: float | None = None) -> dict:
@@ -68,10 +69,14 @@ def parse(lines: list[str], t0: str | None = None, ready_s: float | None = None)
     start = dt.datetime.fromisoformat(t0) if t0 else None
     year = start.year if start else None
     events: list[tuple[float, str, str, int]] = []   # (epoch seconds, process, text, line index)
-    offsets = bool(lines) and all(OFFSET.match(line) for line in lines[:20] if line.strip())
+    first = next((line for line in lines if line.strip()), "")
+    offsets = OFFSET.match(first) is not None       # bench/startup.py --copy-logs stamps every line it copies
     for n, line in enumerate(lines):
         offset = None
-        if offsets and (o := OFFSET.match(line)):     # the harness' clock: ms, where vLLM's lines carry whole seconds
+        if offsets:                                   # the harness' clock: ms, where vLLM's lines carry whole seconds
+            o = OFFSET.match(line)
+            if not o:
+                continue                              # one clock per log: a line without the offset has no time
             offset, line = float(o.group(1)), o.group(2)
         m = SIDECAR.match(line)
         if m:
@@ -112,7 +117,8 @@ def parse(lines: list[str], t0: str | None = None, ready_s: float | None = None)
         steps.append({"step": "until the harness saw ready", "process": "harness", "start_s": round(last - t_start, 1),
                       "seconds": round(t_start + ready_s - last, 1), "end_line": None})
         last = t_start + ready_s
-    return {"t0": dt.datetime.fromtimestamp(t_start).isoformat(), "ready_s": round(last - t_start, 1),
+    when = None if offsets else dt.datetime.fromtimestamp(t_start).isoformat()   # offsets: the harness knew when
+    return {"t0": when, "ready_s": round(last - t_start, 1),
             "recompiled": recompiled, "steps": steps}
 
 
@@ -167,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1)
     if a.png:
-        chart(result, a.png, a.title or f"turingbox serve, {result['t0']}: ready in {result['ready_s']} s")
+        chart(result, a.png, a.title or f"turingbox serve{', ' + result['t0'] if result['t0'] else ''}: ready in "
+                                        f"{result['ready_s']} s")
     for s in result["steps"]:
         print(f'{s["start_s"]:7.1f} {s["seconds"]:6.1f}  {s["process"]:<10} {s["step"]}')
     print(f'{result["ready_s"]:7.1f}         ready')

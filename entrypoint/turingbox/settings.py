@@ -315,8 +315,9 @@ _CACHE = (  # the compile cache (serve, warmup, cache show/verify/seed)
 )
 
 _WARMUP = (  # turingbox warmup / cache seed
-    Setting("warmup_timeout", "seconds a seeding run may take to reach ready (compiles, autotuning and JIT "
-            "included)", positive_float, 1800.0),
+    Setting("warmup_timeout", "seconds each vLLM start of a seeding run may take to reach ready (compiles, "
+            "autotuning and JIT included; a seed whose first start compiled starts vLLM a second time)",
+            positive_float, 1800.0),
 )
 
 SETTINGS: tuple[Setting, ...] = _PLAN + _DEMO + _SERVE + _CACHE + _WARMUP

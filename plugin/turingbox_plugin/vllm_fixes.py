@@ -25,6 +25,8 @@ a prompt_logprobs request from needing GiBs that vLLM's memory profile never res
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import inspect
 import logging
 import sys
@@ -601,12 +603,11 @@ def defer_tokenizer_pool() -> str:
     in the same profile). Here the pool is built empty (vLLM's own code, copies=0) and the copies are made in a
     thread started once CoreEngineProcManager has started the engine processes: after the fork, because forking
     beside a thread inside the Rust tokenizer is not safe. A request that finds the pool empty makes its own copy,
-    as in vLLM. A pool built once the engines run is filled at once, as vLLM does.
+    as in vLLM. A pool built once the engines run is filled at once, as vLLM does. An engine client that started
+    no engine process in this process (an API server among several, Ray, an in-process engine) fills the pool when
+    it is constructed, before the server serves.
     """
-    import copy
-
     import vllm.tokenizers.hf as tokenizers_hf
-    from vllm.v1.engine.utils import CoreEngineProcManager
 
     current = tokenizers_hf.maybe_make_thread_pool
     if getattr(current, "_turingbox_deferred", False):
@@ -614,12 +615,14 @@ def defer_tokenizer_pool() -> str:
     if not _unchanged(current, POOL_FILLED_AT_ONCE):
         return "skipped: vllm.tokenizers.hf.maybe_make_thread_pool is not vLLM 0.21.0's"
 
+    @functools.wraps(current)                 # pickled by vLLM's name, as before
     def maybe_make_thread_pool(tokenizer: Any, copies: int = 1) -> Any:
         eligible = (isinstance(tokenizer, tokenizers_hf.PreTrainedTokenizerFast)
                     and not isinstance(tokenizer, tokenizers_hf.ThreadSafeHFTokenizerMixin))
         if _engines_started.is_set() or copies < 1 or not eligible:
             return current(tokenizer, copies)
-        result = current(tokenizer, 0)     # vLLM's pool, empty: a borrower that finds it empty makes its own copy
+        _hook_engine_start()                  # here, not at register: only a process that renders imports the client
+        result = current(tokenizer, 0)        # vLLM's pool, empty: a borrower that finds it empty makes its own copy
         found = _pool_of(tokenizer)
         if found is None:
             log.warning("turingbox: vLLM's tokenizer pool has no queue where 0.21.0 keeps it; it fills on demand")
@@ -633,22 +636,44 @@ def defer_tokenizer_pool() -> str:
         _pool_fills.append(fill)
         return result
 
-    def start_engines(self: Any, *args: Any, **kwargs: Any) -> None:
-        start_engines.__wrapped__(self, *args, **kwargs)       # vLLM's: starts (forks or spawns) the engine cores
-        _engines_started.set()
-        if _pool_fills:
-            threading.Thread(target=fill_tokenizer_pools, name="turingbox-tokenizer-pool", daemon=True).start()
-
-    start_engines.__wrapped__ = CoreEngineProcManager.__init__     # type: ignore[attr-defined]
-    maybe_make_thread_pool.__wrapped__ = current                   # type: ignore[attr-defined]
     maybe_make_thread_pool._turingbox_deferred = True              # type: ignore[attr-defined]
-    CoreEngineProcManager.__init__ = start_engines
     tokenizers_hf.maybe_make_thread_pool = maybe_make_thread_pool
     for name in ("vllm.tokenizers", "vllm.renderers.hf"):     # modules that imported the name already
         module = sys.modules.get(name)
         if module is not None and getattr(module, "maybe_make_thread_pool", None) is current:
             module.maybe_make_thread_pool = maybe_make_thread_pool
     return "applied"
+
+
+def _hook_engine_start() -> None:
+    """Fill the deferred pools once vLLM has started its engine processes (a thread, after the fork), or, for an
+    engine client that started none here, when the client is built (synchronously: nothing forks later)."""
+    from vllm.v1.engine.core_client import InprocClient, MPClient
+    from vllm.v1.engine.utils import CoreEngineProcManager
+
+    if getattr(CoreEngineProcManager.__init__, "_turingbox_pool", False):
+        return
+
+    def start_engines(self: Any, *args: Any, **kwargs: Any) -> None:
+        start_engines.__wrapped__(self, *args, **kwargs)       # vLLM's: starts (forks or spawns) the engine cores
+        _engines_started.set()
+        if _pool_fills:
+            threading.Thread(target=fill_tokenizer_pools, name="turingbox-tokenizer-pool", daemon=True).start()
+
+    def client_ready(init: Callable) -> Callable:
+        # an API server among several (its parent started the engines), Ray's data parallelism, an in-process engine
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            if _pool_fills and not _engines_started.is_set():
+                fill_tokenizer_pools()
+        return __init__
+
+    start_engines.__wrapped__ = CoreEngineProcManager.__init__     # type: ignore[attr-defined]
+    start_engines._turingbox_pool = True                           # type: ignore[attr-defined]
+    CoreEngineProcManager.__init__ = start_engines
+    MPClient.__init__ = client_ready(MPClient.__init__)
+    InprocClient.__init__ = client_ready(InprocClient.__init__)
 
 
 # Applied by register() in every vLLM process the plugin is active in (the API server validates requests and

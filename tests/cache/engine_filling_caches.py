@@ -43,6 +43,9 @@ def main() -> None:
     # vLLM compiles its graphs when its compile cache holds none, and loads them otherwise
     if "VLLM_CACHE_ROOT" in written:
         os.environ["FAKE_VLLM_GRAPHS"] = "loaded" if "VLLM_CACHE_ROOT" in found else "compiled"
+        # ENGINE_FAIL_WHEN_LOADED=<stage>: only a start that loads its graphs fails there (a seed's second start)
+        if os.environ.get("ENGINE_FAIL_WHEN_LOADED") and "VLLM_CACHE_ROOT" in found:
+            os.environ["FAKE_VLLM_FAIL_AT"] = os.environ["ENGINE_FAIL_WHEN_LOADED"]
     print(f"engine_filling_caches: HOME {os.environ.get('HOME')}, found {json.dumps(sorted(found))}", flush=True)
     print(f"engine_filling_caches: wrote {json.dumps(written, sort_keys=True)}", flush=True)
     os.execv(sys.executable, [sys.executable, FAKE_VLLM, *sys.argv[1:]])

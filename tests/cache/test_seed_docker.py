@@ -38,3 +38,15 @@ def test_stage_lines_never_go_backwards_and_unknown_ones_are_ignored():
     assert not p.feed("turingbox-stage: plan")
     assert not p.feed("turingbox-stage: bogus")
     assert p.stage_name == "engine-ready"
+
+
+def test_a_seed_with_a_second_start_holds_at_loading_start_until_complete():
+    """The seed's real sequence when its first start compiled: the engine stages twice (tests/cache/test_seed_e2e.py)."""
+    engine = ["engine-start", "engine-ready", "strict-warmup", "active-warmup", "engine-stop"]
+    progress = seed_docker.Progress()
+    names = []
+    for stage in ["plan", "cache", *engine, "loading-start", *engine]:
+        progress.feed(f"turingbox-stage: {stage}")
+        names.append(progress.stage_name)
+    assert names[-6:] == ["loading-start"] * 6                   # the second start's stages do not move it back
+    assert progress.feed("turingbox-stage: complete") and progress.stage_name == "complete"

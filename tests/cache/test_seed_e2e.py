@@ -38,7 +38,7 @@ def box(tmp_path, private_tmpdir):
     model = tmp_path / "model"
     model.mkdir()
     shutil.copy(QWEN36_CONFIG, model / "config.json")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TURINGBOX_", "FAKE_VLLM_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TURINGBOX_", "FAKE_VLLM_", "ENGINE_FAIL_"))}
     env.update({
         "TURINGBOX_VLLM_COMMAND": f"{sys.executable} {ENGINE}",
         "TURINGBOX_CACHE_DIR": str(tmp_path / "cache"),
@@ -171,6 +171,20 @@ def test_a_failed_seed_leaves_the_entry_incomplete_and_says_why(box, fault, valu
     assert os.path.exists(os.path.join(store.entry_dir(box["root"], key), ARTEFACTS[0]))
     assert all(gone(pid) for pid in engine_pids(box))
     assert turingbox_temporaries(box["tmpdir"]) == []
+
+
+def test_a_failed_second_start_leaves_the_entry_incomplete_and_says_which_start(box):
+    key = expected_plan(box).cache_key
+    r = warmup(box, "--seed-only", extra_env={"ENGINE_FAIL_WHEN_LOADED": "capturing"})
+    assert r.returncode == 1
+    assert stages_of(r.stdout)[:8] == ["plan", "cache", "engine-start", "engine-ready", "strict-warmup",
+                                       "active-warmup", "engine-stop", "loading-start"]
+    errors = [l for l in r.stderr.splitlines() if l.startswith("turingbox: ")]
+    assert len(errors) == 1 and "The seed's second (loading) start failed: vLLM exited before it was ready" in errors[0]
+    assert "Traceback" not in r.stderr and result_of(r.stdout) is None
+    assert_incomplete(box, key)
+    assert len(engine_pids(box)) == 2 and all(gone(pid) for pid in engine_pids(box))
+    assert turingbox_temporaries(box["tmpdir"]) == []            # both starts' runtime folders are gone
 
 
 def test_a_seed_after_a_failed_one_resumes_and_completes_the_same_entry(box):

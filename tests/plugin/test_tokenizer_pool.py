@@ -57,6 +57,26 @@ def test_the_pool_answers_as_the_tokenizer_and_a_pool_built_later_fills_at_once(
     assert out["copies_after_start_at_once"] == 2
 
 
+def test_a_renderer_module_imported_before_the_patch_uses_it(run):
+    out = run("renderer-first")
+    assert out["applied"] == "applied" and out["renderer_uses_patched"]
+    assert out["copies_before_engine_start"] == 0 and out["copy_threads"] == ["turingbox-tokenizer-pool"]
+
+
+def test_a_server_whose_engines_run_elsewhere_fills_before_its_client_returns(run):
+    """An API server among several (vLLM's api_server_count with data parallelism): its parent started the engines,
+    so nothing forks here; the copies are made when vLLM's client is built, before the server serves."""
+    out = run("client")
+    assert out["applied"] == "applied" and out["client_ran"] and not out["vllm_start_ran"]
+    assert out["copies_before_engine_start"] == 0
+    assert out["copies_after_engine_start"] == 2 and out["copy_threads"] == ["MainThread"]
+    assert out["queued_after_engine_start"] == 2
+
+
+def test_the_patched_function_pickles_by_vllms_name(run):
+    assert run("patched")["pickles_by_reference"] is True
+
+
 def test_a_changed_vllm_pool_is_left_alone(run):
     out = run("moved")
     assert out["applied"].startswith("skipped: vllm.tokenizers.hf.maybe_make_thread_pool is not vLLM 0.21.0's")

@@ -65,11 +65,12 @@ def test_tree_splits_a_functions_seconds_over_its_callees_in_one_process(tmp_pat
     and its CUDA-graph memory profile; a name in no stack is refused in one sentence."""
     path = os.path.join(REPO, "docs", "data", "2026-12-02-h200-s12", "pyspy-warm.txt.gz")
     stacks = pyspy_summary.read_stacks(path)
-    (root,) = pyspy_summary.tree(stacks, 50, "Worker.determine_available_memory", pid="4260", depth=2, min_s=0.5)
+    (root,) = pyspy_summary.tree(stacks, 50, "Worker.determine_available_memory", pid="4260", depth=1, min_s=0.5)
     assert root["seconds"] == 10.72
     children = {c["function"].split(" (")[0]: c for c in root["children"]}
     assert children["GPUModelRunner.profile_run"]["seconds"] == 8.06
     assert sum(c["seconds"] for c in root["children"]) <= root["seconds"]
+    assert all(c["children"] == [] for c in root["children"])            # depth 1: one level below the function
     assert pyspy_summary.tree(stacks, 50, "Worker.determine_available_memory", pid="1", depth=2) == []
     r = subprocess.run([sys.executable, os.path.join(REPO, "bench", "pyspy_summary.py"), path, "--tree", "no_such_fn"],
                        capture_output=True, text=True, timeout=60)

@@ -106,3 +106,22 @@ def test_session12_bench_logs_use_the_harness_offsets(tmp_path):
     assert plain["vLLM CLI + API-server imports"]["start_s"] == 0.0
     assert plain["torch.compile from the cache (model + drafter)"]["seconds"] > 90    # FLA autotunes again
     assert results["seeded-plain"]["recompiled"] is False
+
+
+def test_offset_logs_keep_progress_redraws_in_their_line_and_skip_unstamped_lines(tmp_path):
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import startup_timeline
+    log = tmp_path / "x.log"
+    log.write_bytes(
+        b"    1.000 2026-12-02 10:00:00,000 INFO turingbox.serve: stage: planning -> starting (0.1 s since start)\n"
+        b"    2.500 (APIServer pid=1) INFO 12-02 10:00:02 [utils.py:240] non-default args: {}\n"
+        b"no offset here: a line the harness did not stamp\n"
+        b"    9.250 (EngineCore pid=2) Capturing CUDA graphs:  50%\rCapturing CUDA graphs: 100%\n")
+    with startup_timeline.open_log(str(log)) as f:
+        lines = f.readlines()
+    assert len(lines) == 4 and "\r" in lines[3]
+    r = startup_timeline.parse(lines, ready_s=12.0)
+    assert r["t0"] is None and r["ready_s"] == 12.0
+    # vLLM's arguments line at the harness' 2.500 s (its own stamp says only 10:00:02); the unstamped line is skipped
+    assert [(x["step"], x["start_s"], x["seconds"]) for x in r["steps"]] == [
+        ("vLLM CLI + API-server imports", 0.0, 2.5), ("until the harness saw ready", 2.5, 9.5)]

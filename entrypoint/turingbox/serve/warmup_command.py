@@ -279,24 +279,31 @@ def _warm_engine(plan: Plan, session: store.CacheSession, values: Mapping[str, A
 
 
 async def _warm_engine_async(plan: Plan, session, values: Mapping[str, Any], passthrough) -> None:
+    compiled = await _start_once(plan, session, values, passthrough)
+    if compiled:
+        # vLLM sizes its KV cache from the memory its profile run peaked at, and a start that compiles its graphs
+        # peaks higher than one that loads them (H200, 64-layer demo: 79.84 against 81.19 GiB). Triton specialises
+        # kernels on KV-derived integers, so the first served start, which loads, compiled kernels again (576
+        # Triton cache files, ~10 s of its 75 s, session 12). A second start here loads as serve will and leaves
+        # them in the entry.
+        stage("loading-start", f"vLLM compiled {compiled} graph(s); starting it once more as serve will, "
+                               "loading them, to fill the kernels of that KV cache size")
+        try:
+            await _start_once(plan, session, values, passthrough)
+        except SeedFailed as exc:
+            raise SeedFailed(f"The seed's second (loading) start failed: {exc}") from None
+
+
+async def _start_once(plan: Plan, session, values: Mapping[str, Any], passthrough) -> int:
+    """One vLLM start with its own runtime folder (workers' status files are per start)."""
     import tempfile
 
     from turingbox.engine.launch import instance_runtime_dir
     base = plan.env.get("TURINGBOX_RUNTIME_DIR") or tempfile.gettempdir()
     runtime_dir = instance_runtime_dir(base, "warmup")    # this engine's own: a serve beside it keeps its files
     try:
-        run = (plan, session, values["warmup_timeout"], passthrough, values["vllm_command"], runtime_dir,
-               values["vllm_stop_grace_seconds"])
-        compiled = await _run_engine(*run)
-        if compiled:
-            # vLLM sizes its KV cache from the memory its profile run peaked at, and a start that compiles its graphs
-            # peaks higher than one that loads them (H200, 64-layer demo: 79.84 against 81.19 GiB). Triton specialises
-            # kernels on KV-derived integers, so the first served start, which loads, compiled kernels again (576
-            # Triton cache files, ~10 s of its 75 s, session 12). A second start here loads as serve will and leaves
-            # them in the entry.
-            stage("loading-start", f"vLLM compiled {compiled} graph(s); starting it once more as serve will, "
-                                   "loading them, to fill the kernels of that KV cache size")
-            await _run_engine(*run)
+        return await _run_engine(plan, session, values["warmup_timeout"], passthrough, values["vllm_command"],
+                                 runtime_dir, values["vllm_stop_grace_seconds"])
     finally:
         shutil.rmtree(runtime_dir, ignore_errors=True)    # the engine is stopped, nothing reads it any more
 
