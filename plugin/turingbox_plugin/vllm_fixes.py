@@ -560,7 +560,7 @@ def fix_compile_key_locations() -> str:
 # vLLM 0.21.0's maybe_make_thread_pool (vllm/tokenizers/hf.py): the copies it makes before it returns.
 POOL_FILLED_AT_ONCE = """    for _ in range(copies):
         tokenizer_pool.put(copy.deepcopy(og_tokenizer))"""
-_pool_fills: list[Callable[[], None]] = []     # filled once the engine processes run (this process's renderers)
+_pool_fills: list[Callable[[], int]] = []      # filled once the engine processes run (this process's renderers)
 _engines_started = threading.Event()
 
 
@@ -580,7 +580,7 @@ def _pool_of(tokenizer: Any) -> tuple[Any, Any] | None:
     return None
 
 
-def fill_tokenizer_pools() -> int:
+def fill_tokenizer_pools(when: str = "after the engine processes started (off the startup path)") -> int:
     """Make the deferred copies now, in this thread; returns how many were made."""
     import time
 
@@ -588,8 +588,7 @@ def fill_tokenizer_pools() -> int:
     while _pool_fills:
         t0 = time.perf_counter()
         made += _pool_fills.pop(0)()
-        log.info("turingbox: tokenizer pool filled after the engine processes started (%.2f s, off the startup "
-                 "path)", time.perf_counter() - t0)
+        log.info("turingbox: tokenizer pool filled %s in %.2f s", when, time.perf_counter() - t0)
     return made
 
 
@@ -621,7 +620,11 @@ def defer_tokenizer_pool() -> str:
                     and not isinstance(tokenizer, tokenizers_hf.ThreadSafeHFTokenizerMixin))
         if _engines_started.is_set() or copies < 1 or not eligible:
             return current(tokenizer, copies)
-        _hook_engine_start()                  # here, not at register: only a process that renders imports the client
+        try:
+            _hook_engine_start()              # here, not at register: only a process that renders imports the client
+        except Exception as exc:              # vLLM's engine start moved: its own pool, filled now, as before
+            log.warning("turingbox: tokenizer pool filled at once (%s: %s)", type(exc).__name__, exc)
+            return current(tokenizer, copies)
         result = current(tokenizer, 0)        # vLLM's pool, empty: a borrower that finds it empty makes its own copy
         found = _pool_of(tokenizer)
         if found is None:
@@ -666,7 +669,7 @@ def _hook_engine_start() -> None:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             init(self, *args, **kwargs)
             if _pool_fills and not _engines_started.is_set():
-                fill_tokenizer_pools()
+                fill_tokenizer_pools("when the engine client was built (its engines run elsewhere)")
         return __init__
 
     start_engines.__wrapped__ = CoreEngineProcManager.__init__     # type: ignore[attr-defined]

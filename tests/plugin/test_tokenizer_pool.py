@@ -48,7 +48,7 @@ def test_the_copies_are_made_after_the_engine_start_off_the_main_thread(run):
     assert out["vllm_start_ran"]
     assert out["copies_after_engine_start"] == 2 and out["queued_after_engine_start"] == 2
     assert out["copy_threads"] == ["turingbox-tokenizer-pool"]
-    assert any("tokenizer pool filled after the engine processes started" in s for s in out["said"])
+    assert any(s.startswith("turingbox: tokenizer pool filled after the engine processes started") for s in out["said"])
 
 
 def test_the_pool_answers_as_the_tokenizer_and_a_pool_built_later_fills_at_once(run):
@@ -71,10 +71,18 @@ def test_a_server_whose_engines_run_elsewhere_fills_before_its_client_returns(ru
     assert out["copies_before_engine_start"] == 0
     assert out["copies_after_engine_start"] == 2 and out["copy_threads"] == ["MainThread"]
     assert out["queued_after_engine_start"] == 2
+    assert any("filled when the engine client was built" in s for s in out["said"])
 
 
 def test_the_patched_function_pickles_by_vllms_name(run):
     assert run("patched")["pickles_by_reference"] is True
+
+
+def test_when_the_engine_start_cannot_be_hooked_the_pool_is_filled_at_once(run):
+    out = run("no-hook")
+    assert out["applied"] == "applied"
+    assert out["copies_before_engine_start"] == 2 and out["copy_threads"] == ["MainThread"]
+    assert any("tokenizer pool filled at once (ImportError" in s for s in out["said"])
 
 
 def test_a_changed_vllm_pool_is_left_alone(run):

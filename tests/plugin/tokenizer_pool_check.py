@@ -3,7 +3,8 @@ CoreEngineProcManager, before and after turingbox_plugin.vllm_fixes.defer_tokeni
 tokenizer built with the `tokenizers` library. The engine start is vLLM's CoreEngineProcManager.__init__ with its
 process launch replaced by a recorder (no engine process on a CPU machine). argv: vllm_root mode (unpatched |
 patched | moved | renderer-first: vllm.renderers.hf imported before the patch | client: an API server whose engines
-another process started, so only vLLM's MPClient is built here). Prints one JSON object."""
+another process started, so only vLLM's MPClient is built here | no-hook: the engine-start hooks fail).
+Prints one JSON object."""
 import copy
 import json
 import pickle
@@ -78,6 +79,10 @@ MPClient.__init__ = mp_client_standin
 out = {}
 if mode == "moved":
     vllm_fixes.POOL_FILLED_AT_ONCE = "    tokenizer_pool.put_many(copies)"
+if mode == "no-hook":                              # vLLM's engine start moved: the hooks cannot be installed
+    def moved():
+        raise ImportError("cannot import name 'CoreEngineProcManager'")
+    vllm_fixes._hook_engine_start = moved
 if mode != "unpatched":
     out["applied"] = vllm_fixes.defer_tokenizer_pool()
     out["applied_again"] = vllm_fixes.defer_tokenizer_pool()
