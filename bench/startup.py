@@ -404,6 +404,9 @@ class Bench:
         result_lines = [l for _, l in run.lines if l.startswith("turingbox-seed-result: ")]
         res = {"exit": run.proc.returncode, "seconds": round(run.elapsed(), 3), "log_signals": signals(run),
                "stages_s": breakdown(run, None, None)}
+        second = run.first("turingbox-stage: loading-start")   # the seed started vLLM again, loading its graphs
+        if second is not None:
+            res["loading_start_s"] = round(run.elapsed() - second, 3)
         if result_lines:
             res["result"] = json.loads(result_lines[-1].split(": ", 1)[1])
         else:

@@ -41,6 +41,8 @@ def test_all_phases_run_on_the_caches_they_claim_and_write_json_and_chart(tmp_pa
     phases = results["phases"]
     assert set(phases) == {"empty", "seed", "seeded", "warm"}
     assert phases["seed"]["turingbox"]["exit"] == 0
+    # the seed's engine compiled (an empty entry), so it started vLLM a second time, loading the graphs
+    assert 0 < phases["seed"]["turingbox"]["loading_start_s"] < phases["seed"]["turingbox"]["seconds"]
     key = phases["seed"]["turingbox"]["result"]["cache_key"]
     assert key == results["plan"]["cache_key"] and seeded_before == [key]
     for phase in ("empty", "seeded", "warm"):
