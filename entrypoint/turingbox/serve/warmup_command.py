@@ -292,6 +292,8 @@ async def _warm_engine_async(plan: Plan, session, values: Mapping[str, Any], pas
             await _start_once(plan, session, values, passthrough)
         except SeedFailed as exc:
             raise SeedFailed(f"The seed's second (loading) start failed: {exc}") from None
+        except Exception as exc:      # the active warmup's one sentence, or the engine's own failure
+            raise SeedFailed(f"The seed's second (loading) start failed: {exc.__class__.__name__}: {exc}") from None
 
 
 async def _start_once(plan: Plan, session, values: Mapping[str, Any], passthrough) -> int:
