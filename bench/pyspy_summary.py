@@ -42,20 +42,26 @@ def function(frame: str) -> str:
     return LINE_NO.sub(")", frame)
 
 
+def split_sample(frames: list[str]) -> tuple[str, str, str, str | None, list[str]]:
+    """(pid, command line, thread id, thread name, the Python frames) of one collapsed stack."""
+    rest = list(frames)
+    pid = cmd = thread = ""
+    # --subprocesses nests a child's stacks under its parent's frame: the innermost process frame is the sampled one
+    while rest and (m := PROCESS.match(rest[0])):
+        pid, cmd = m.group(1), m.group(2).strip()
+        rest = rest[1:]
+    name = None
+    if rest and (m := THREAD.match(rest[0])):
+        thread, name = m.group(1), m.group(2)      # py-spy names a thread on some samples only
+        rest = rest[1:]
+    return pid, cmd, thread, name, rest
+
+
 def summarize(stacks: list[tuple[list[str], int]], rate: float, top: int, min_s: float) -> list[dict]:
     groups: dict[tuple[str, str], dict] = {}
     inclusive: dict[tuple[str, str], Counter] = defaultdict(Counter)
     for frames, count in stacks:
-        rest = list(frames)
-        pid = cmd = thread = ""
-        # --subprocesses nests a child's stacks under its parent's frame: the innermost process frame is the sampled one
-        while rest and (m := PROCESS.match(rest[0])):
-            pid, cmd = m.group(1), m.group(2).strip()
-            rest = rest[1:]
-        name = None
-        if rest and (m := THREAD.match(rest[0])):
-            thread, name = m.group(1), m.group(2)      # py-spy names a thread on some samples only
-            rest = rest[1:]
+        pid, cmd, thread, name, rest = split_sample(frames)
         key = (pid, thread)
         g = groups.setdefault(key, {"process": pid, "thread": thread, "samples": 0, "names": []})
         if cmd and g["process"] == pid:              # py-spy reads a command line on some samples only
@@ -84,11 +90,7 @@ def tree(stacks: list[tuple[list[str], int]], rate: float, root: str, pid: str |
     only pass a call on (wrappers) stay in, as in py-spy's own flame graphs."""
     nodes: dict = {}
     for frames, count in stacks:
-        rest, proc = list(frames), ""
-        while rest and (m := PROCESS.match(rest[0])):
-            proc, rest = m.group(1), rest[1:]
-        if rest and THREAD.match(rest[0]):
-            rest = rest[1:]
+        proc, _, _, _, rest = split_sample(frames)
         if pid is not None and proc != pid:
             continue
         names = [function(f) for f in rest]
@@ -142,26 +144,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pyspy_summary: {a.path} holds no py-spy stacks.", file=sys.stderr)
         return 2
     if a.tree:
-        rows = tree(stacks, a.rate, a.tree, a.pid, a.depth, a.min_s)
-        if not rows:
+        result = tree(stacks, a.rate, a.tree, a.pid, a.depth, a.min_s)
+        if not result:
             print(f"pyspy_summary: no stack in {a.path} passes through {a.tree}"
                   + (f" in process {a.pid}" if a.pid else "") + ".", file=sys.stderr)
             return 2
-        print_tree(rows)
-        if a.json_path:
-            with open(a.json_path, "w") as f:
-                json.dump(rows, f, indent=1)
-        return 0
-    summary = summarize(stacks, a.rate, a.top, a.min_s)
-    for g in summary:
-        print(f"== {g['seconds']:.1f} s  process {g['process'][:120]}  thread {g['thread']}")
-        for row in g["top"]:
-            print(f"   {row['seconds']:7.2f} s  {row['function'][:150]}")
+        print_tree(result)
+    else:
+        result = summarize(stacks, a.rate, a.top, a.min_s)
+        for g in result:
+            print(f"== {g['seconds']:.1f} s  process {g['process'][:120]}  thread {g['thread']}")
+            for row in g["top"]:
+                print(f"   {row['seconds']:7.2f} s  {row['function'][:150]}")
     if a.json_path:
         with open(a.json_path, "w") as f:
-            json.dump(summary, f, indent=1)
+            json.dump(result, f, indent=1)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

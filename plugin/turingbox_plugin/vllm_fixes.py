@@ -29,8 +29,10 @@ import copy
 import functools
 import inspect
 import logging
+import queue
 import sys
 import threading
+import time
 from typing import Any, Callable
 
 log = logging.getLogger("vllm.turingbox_plugin.vllm_fixes")   # under vLLM's configured logger, or INFO lines vanish
@@ -567,8 +569,6 @@ _engines_started = threading.Event()
 def _pool_of(tokenizer: Any) -> tuple[Any, Any] | None:
     """(queue, the tokenizer it copies) of a tokenizer vLLM's maybe_make_thread_pool turned into a pool: the cells
     of its borrow helper, which every pooled method closes over. None when vLLM's pool looks different."""
-    import queue
-
     method = type(tokenizer).__dict__.get("encode")
     for cell in getattr(method, "__closure__", None) or ():
         borrow = getattr(cell.cell_contents, "__wrapped__", None)     # contextlib.contextmanager keeps it there
@@ -582,8 +582,6 @@ def _pool_of(tokenizer: Any) -> tuple[Any, Any] | None:
 
 def fill_tokenizer_pools(when: str = "after the engine processes started (off the startup path)") -> int:
     """Make the deferred copies now, in this thread; returns how many were made."""
-    import time
-
     made = 0
     while _pool_fills:
         t0 = time.perf_counter()

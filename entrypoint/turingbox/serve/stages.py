@@ -23,6 +23,11 @@ FAILED = "failed"
 ORDER = (PLANNING, STARTING, LOADING, COMPILING, CAPTURING, WARMING, READY)
 TERMINAL = (DRAINING, FAILED)
 
+# vLLM 0.21.0's line per torch.compile'd graph (the model, then MTP's drafter): compiled now, or loaded from its
+# compile cache. On a cache hit every graph should load; one compiled means vLLM's compile key moved.
+GRAPH_COMPILED = "Compiling a graph for compile range"
+GRAPH_LOADED = "Directly load the compiled graph"
+
 # Substrings of vLLM 0.21.0 log lines (vllm/v1/worker/gpu_model_runner.py, compilation/*.py,
 # model_executor/model_loader/*.py, v1/engine/core.py). Checked in order; the first match wins.
 # Several per stage so a reworded message or a skipped step (eager mode, AOT cache hit) still
@@ -33,8 +38,8 @@ LOG_STAGE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("Graph capturing finished", CAPTURING),
     ("init engine (profile, create kv cache, warmup model) took", CAPTURING),
     ("Dynamo bytecode transform time", COMPILING),
-    ("Compiling a graph for compile range", COMPILING),
-    ("Directly load the compiled graph", COMPILING),
+    (GRAPH_COMPILED, COMPILING),
+    (GRAPH_LOADED, COMPILING),
     ("Directly load AOT compilation", COMPILING),
     ("torch.compile took", COMPILING),                     # monitor_torch_compile
     ("torch.compile and initial profiling/warmup", COMPILING),
@@ -49,11 +54,6 @@ LOG_STAGE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("Loading safetensors checkpoint shards", LOADING),
     ("Loading drafter model", LOADING),
 )
-
-# vLLM 0.21.0's line per torch.compile'd graph (the model, then MTP's drafter): compiled now, or loaded from its
-# compile cache. On a cache hit every graph should load; one compiled means vLLM's compile key moved.
-GRAPH_COMPILED = "Compiling a graph for compile range"
-GRAPH_LOADED = "Directly load the compiled graph"
 
 # Typical stage lengths in seconds (DESIGN: warm start ~78 s, empty caches ~384 s on an H200).
 # Used only for the estimate shown while starting; the cache status picks warm or cold.
