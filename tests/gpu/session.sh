@@ -188,6 +188,16 @@ for phase in "$@"; do
               # vLLM's own record of what its compile key hashed, per start (session 11: HOME moved it)
               find /tmp/turingbox-bench -name cache_key_factors.json -path '*backbone*' | while read -r f; do
                 echo "== $f"; cat "$f"; done > $R/startup/cache-key-factors.txt 2>&1 ;;
+    startuptb) # turingbox's half of startupab, for a session whose device time cannot fit plain vLLM's starts: the seed
+              # (both its starts) and the seeded start on a copy of its entry. BENCH_MODEL picks the model (session 13:
+              # the 4-layer demo, /tmp/demo4). Results: $R/startup
+              [ -d /tmp/tb-modelinfos/modelinfos ] || python3 -m turingbox.build.modelinfos --out /tmp/tb-modelinfos \
+                > $R/modelinfos.txt 2>&1
+              [ -z "${BENCH_MODEL:-}" ] || [ -d "$BENCH_MODEL" ] || python3 -m turingbox demo-model "$BENCH_MODEL" \
+                --layers "${BENCH_LAYERS:-4}" > $R/demo-model.txt 2>&1
+              for step in "seed|" "seeded|--only turingbox" "report|"; do
+                startup_step "${step%%|*}" "${step#*|}"
+              done ;;
     startupx) # after startupab, on its caches: turingbox warm with a spawned engine core (fork's own share), then warm
               # under py-spy (where each second of a seeded start goes, per process; the wheel is staged in
               # .device-wheels/extra, tests/gpu/README.md), then warm without the active warmup, ~250 s.
