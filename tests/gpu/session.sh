@@ -41,13 +41,17 @@ soak_gate() { [ -z "$SOAK_PEER" ] || echo "bash tests/gpu/soak_gate.sh $SOAK_PEE
 # engine 7.6 GiB over its budget after a prompt_logprobs request, fixed since in the plugin).
 gpu_memory() { echo "nvidia-smi --query-compute-apps=pid,used_memory --format=csv > \$OUT/gpu-memory-$1.txt 2>&1"; }
 soak_limit=$(( SOAK_MAX_S + 2 * SOAK_GATE_S + 2400 ))
-# Issue 18's bench steps (startupab, startupx): $1 phase, $2 bench flags; BENCH_TB_WRAP passes through the environment.
-# The model infos are the image's: new entries start with them (Dockerfile: turingbox.build.modelinfos).
+# Issue 18's bench steps (startupab, startuptb, startupx): $1 phase, $2 bench flags; BENCH_TB_WRAP passes through the environment.
 startup_step() {
   echo "--- $1 $2 $(date +%T)" >> $R/startup.txt
   OUT=$R/startup BENCH_GPUS=$one BENCH_WORK=/tmp/turingbox-bench \
     BENCH_ARGS="--tb-env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos --copy-logs $2" \
     timeout 600 bash bench/startup.sh "$1" >> $R/startup.txt 2>&1; }
+# The image's model infos (Dockerfile: turingbox.build.modelinfos), built once per machine: new entries start with them,
+# so vLLM skips its model-class inspections (startup steps' --tb-env, soakawq's --env)
+build_modelinfos_once() {
+  [ -d /tmp/tb-modelinfos/modelinfos ] || python3 -m turingbox.build.modelinfos --out /tmp/tb-modelinfos \
+    > $R/modelinfos.txt 2>&1; }
 for phase in "$@"; do
   echo "=== $phase start $(date +%T)"
   t0=$(date +%s)
@@ -180,8 +184,7 @@ for phase in "$@"; do
               # turingbox with the plan's argv (the demo's plan runs --language-model-only and forks vLLM's engine core
               # since session 11); plain vLLM's empty run fills its caches, turingbox's seed fills its entry; then both
               # seeded (the Done-when pair). Results: $R/startup. startupx adds the spawn and profile steps.
-              [ -d /tmp/tb-modelinfos/modelinfos ] || python3 -m turingbox.build.modelinfos --out /tmp/tb-modelinfos \
-                > $R/modelinfos.txt 2>&1
+              build_modelinfos_once
               for step in "empty|--only plain" "seed|" "seeded|" ${STARTUP_WARM:+"warm|"} "report|"; do
                 startup_step "${step%%|*}" "${step#*|}"
               done
@@ -191,8 +194,7 @@ for phase in "$@"; do
     startuptb) # turingbox's half of startupab, for a session whose device time cannot fit plain vLLM's starts: the seed
               # (both its starts) and the seeded start on a copy of its entry. BENCH_MODEL picks the model (session 13:
               # the 4-layer demo, /tmp/demo4). Results: $R/startup
-              [ -d /tmp/tb-modelinfos/modelinfos ] || python3 -m turingbox.build.modelinfos --out /tmp/tb-modelinfos \
-                > $R/modelinfos.txt 2>&1
+              build_modelinfos_once
               [ -z "${BENCH_MODEL:-}" ] || [ -d "$BENCH_MODEL" ] || python3 -m turingbox demo-model "$BENCH_MODEL" \
                 --layers "${BENCH_LAYERS:-4}" > $R/demo-model.txt 2>&1
               for step in "seed|" "seeded|--only turingbox" "report|"; do
@@ -231,8 +233,7 @@ for phase in "$@"; do
               rm -rf /tmp/tbsoak-awq
               # the image's model infos (Dockerfile: turingbox.build.modelinfos), which a new entry starts with: vLLM
               # then skips its two model-class inspections (session 9's cold AWQ start: 66 s before the engine)
-              [ -d /tmp/tb-modelinfos/modelinfos ] || python3 -m turingbox.build.modelinfos --out /tmp/tb-modelinfos \
-                > $R/modelinfos.txt 2>&1
+              build_modelinfos_once
               timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo-awq --phase soakawq --gpus $one,$one \
                 --skip-plain --cache /tmp/tbsoak-awq --out $R --no-decode --ready-limit 900 --port-offset 30 \
                 --env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos \
