@@ -426,7 +426,11 @@ class Bench:
         # HOME, as a user's caches copied to a new machine: vLLM 0.21's compile key hashes two folders under HOME
         # (VLLM_CONFIG_ROOT, VLLM_XLA_CACHE_PATH), so another HOME would recompile everything (session 11), which is
         # not a seeded start. turingbox's HOME is new every phase: its plugin keeps those two out of the key.
-        for src, dst in ((self.path("seed-root"), self.path("tb-seeded-root")), (plain_caches, plain_home)):
+        # A one-server run copies only its own caches: the other server's stay as its own run left them.
+        copies = {"turingbox": (self.path("seed-root"), self.path("tb-seeded-root")), "plain": (plain_caches, plain_home)}
+        for server, (src, dst) in copies.items():
+            if self.a.only and server != self.a.only:
+                continue
             shutil.rmtree(dst, ignore_errors=True)
             if os.path.isdir(src):
                 shutil.copytree(src, dst, symlinks=True)
@@ -584,7 +588,12 @@ def main(argv: list[str] | None = None) -> int:
         phase_result = getattr(bench, f"phase_{a.phase}")(plan)
         phase_result["wall_s"] = round(time.monotonic() - t0, 1)
         phase_result["date"] = time.strftime("%Y-%m-%d %H:%M:%S")
-        results["phases"][phase_key(a.phase, a.label)] = phase_result
+        key = phase_key(a.phase, a.label)
+        kept = results["phases"].get(key) or {}
+        # One server at a time (--only; tests/gpu/README.md splits the A/B into calls that each fit a machine's
+        # 10-minute window): the other server's result of the same phase stays beside this one.
+        other = {s: kept[s] for s in SERVERS if a.only and s != a.only and s in kept}
+        results["phases"][key] = {**phase_result, **other}
     bench.save(results)
     key = phase_key(a.phase, a.label)
     print(json.dumps({"phase": key, "result": results["phases"].get(key), "criteria": results["criteria"]},

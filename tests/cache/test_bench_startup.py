@@ -163,3 +163,26 @@ def test_an_empty_run_of_one_server_keeps_the_other_servers_caches(tmp_path):
     assert (tmp_path / "work" / "plain-home" / "kept").exists()              # plain vLLM's, for its seeded run
     assert (tmp_path / "work" / "plain-empty-home" / "kept").exists()
     assert not (tmp_path / "work" / "tb-empty-root" / "kept").exists()      # turingbox's own: emptied
+
+
+def test_a_phase_run_one_server_at_a_time_keeps_both_results_and_each_servers_caches(tmp_path):
+    # tests/gpu/README.md: the GPU A/B runs in calls that each fit the machine's 10-minute window, so the seeded pair
+    # may come as two one-server runs. The second must neither drop the first's result nor re-copy its caches.
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    for phase, extra in (("empty", ["--only", "plain"]), ("seed", []), ("seeded", ["--only", "turingbox"])):
+        r = bench(tmp_path, phase, *extra)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    key = json.load(open(tmp_path / "out" / "startup.json"))["plan"]["cache_key"]
+    manifest = tmp_path / "work" / "tb-seeded-root" / "entries" / key / "manifest.json"
+    assert json.load(open(manifest))["hits"] == 1
+    r = bench(tmp_path, "seeded", "--only", "plain")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    results = json.load(open(tmp_path / "out" / "startup.json"))
+    seeded = results["phases"]["seeded"]
+    assert seeded["turingbox"]["ready_s"] > 0 and seeded["plain"]["ready_s"] > 0
+    assert results["criteria"]["seeded_turingbox_over_plain"] == round(
+        seeded["turingbox"]["ready_s"] / seeded["plain"]["ready_s"], 3)
+    assert json.load(open(manifest))["hits"] == 1          # turingbox's seeded copy was left as its run left it
+    both = '["TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT"]'
+    assert f"found {both}" in (tmp_path / "work" / "logs" / "seeded-plain.log").read_text()

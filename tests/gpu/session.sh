@@ -8,7 +8,8 @@
 # (issue 15's traffic soak: tests/gpu/soak.py; SOAK_S, SOAK_MIN_REQ, SOAK_MAX_S, SOAK_SEED, SOAK_PEER below); replay8
 # (session 8's soak replayed against the fixed plugin, beside soakawq); fibaked (issue 20,
 # beside soak64); startupab (issue 18's A/B, bench/startup.sh), then plmem (prompt_logprobs memory on its caches), then
-# startupx (turingbox warm under py-spy; STARTUP_NOACTIVE=1 adds one without the active warmup, STARTUP_SPAWN=1 a
+# startup (the same A/B, its steps named in STARTUP_STEPS, for calls that each fit the 10-minute window), startupx
+# (turingbox warm under py-spy; STARTUP_NOACTIVE=1 adds one without the active warmup, STARTUP_SPAWN=1 a
 # spawned one).
 # Two lanes at once (one GPU each): LANE=a bash session.sh ... & LANE=b bash session.sh ... ; each lane touches
 # /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both); LANE_GPU picks the lane's GPU.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
@@ -198,6 +199,14 @@ for phase in "$@"; do
               [ -z "${BENCH_MODEL:-}" ] || [ -d "$BENCH_MODEL" ] || python3 -m turingbox demo-model "$BENCH_MODEL" \
                 --layers "${BENCH_LAYERS:-4}" > $R/demo-model.txt 2>&1
               for step in "seed|" "seeded|--only turingbox" "report|"; do
+                startup_step "${step%%|*}" "${step#*|}"
+              done ;;
+    startup)  # issue 18's A/B in steps that each fit one call (tests/gpu/README.md, session 15): STARTUP_STEPS lists
+              # bench/startup.sh steps "phase|flags" separated by ';', e.g. "seed|", then "seeded|--only turingbox;empty|--only
+              # plain", then "seeded|--only plain". The caches stay in /tmp/turingbox-bench between calls; a report ends each.
+              build_modelinfos_once
+              IFS=';' read -ra steps <<< "${STARTUP_STEPS:?STARTUP_STEPS names the bench steps}"
+              for step in "${steps[@]}" "report|"; do
                 startup_step "${step%%|*}" "${step#*|}"
               done ;;
     startupx) # after startupab, on its caches: turingbox warm with a spawned engine core (fork's own share), then warm
