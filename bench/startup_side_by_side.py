@@ -19,10 +19,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import startup_timeline  # noqa: E402  (bench/ is not a package)
 
-CAPTION = ("Caveats: not a fair comparison. turingbox started while an AWQ cold start (another vLLM) imported and "
-           "compiled on the same 16-core host;\nplain vLLM started alone but recompiled (cache miss: its compile "
-           "hash differs from turingbox's entry, VLLM_PLUGINS and --additional-config are hashed).\nvLLM's own lines "
-           "carry whole seconds: each step is known to about 1 s. Session 8, one H200, 64-layer demo.")
+# A run's own caveats go in --caption (session 8's: docs/startup.md); the default says only what holds for every run.
+CAPTION = "vLLM's own lines carry whole seconds: each step is known to about 1 s."
 
 
 def read(path: str, t0: str | None, ready_s: float | None) -> dict:
@@ -80,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument(f"--{k}-ready-s", type=float, help="seconds from t0 to ready, harness-measured")
         ap.add_argument(f"--{k}-label", default="turingbox serve" if k == "a" else "plain vllm serve")
     ap.add_argument("--png", required=True)
-    ap.add_argument("--title", default="Seeded start of the 64-layer demo, turingbox vs plain vLLM (session 8, H200)")
+    ap.add_argument("--title", default="Time to ready by step, turingbox vs plain vLLM")
     ap.add_argument("--caption", default=CAPTION)
     x = ap.parse_args(argv)
     a = read(x.a, x.a_t0, x.a_ready_s)
