@@ -7,10 +7,9 @@
 # benches), turbo / turbo-ref (the same demo with TURINGBOX_GDN=turbo / vllm, cold, benches); soakseed, soak64, soakawq
 # (issue 15's traffic soak: tests/gpu/soak.py; SOAK_S, SOAK_MIN_REQ, SOAK_MAX_S, SOAK_SEED, SOAK_PEER below); replay8
 # (session 8's soak replayed against the fixed plugin, beside soakawq); fibaked (issue 20,
-# beside soak64); startupab (issue 18's A/B, bench/startup.sh), then plmem (prompt_logprobs memory on its caches), then
-# startup (the same A/B, its steps named in STARTUP_STEPS, for calls that each fit the 10-minute window), startupx
-# (turingbox warm under py-spy; STARTUP_NOACTIVE=1 adds one without the active warmup, STARTUP_SPAWN=1 a
-# spawned one).
+# beside soak64); startup (issue 18's A/B, bench/startup.sh; STARTUP_STEPS names its steps), then plmem (prompt_logprobs
+# memory on its caches), then startupx (turingbox warm under py-spy; STARTUP_NOACTIVE=1 adds one without the active
+# warmup, STARTUP_SPAWN=1 a spawned one).
 # Two lanes at once (one GPU each): LANE=a bash session.sh ... & LANE=b bash session.sh ... ; each lane touches
 # /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both); LANE_GPU picks the lane's GPU.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
 set -u
@@ -42,7 +41,7 @@ soak_gate() { [ -z "$SOAK_PEER" ] || echo "bash tests/gpu/soak_gate.sh $SOAK_PEE
 # engine 7.6 GiB over its budget after a prompt_logprobs request, fixed since in the plugin).
 gpu_memory() { echo "nvidia-smi --query-compute-apps=pid,used_memory --format=csv > \$OUT/gpu-memory-$1.txt 2>&1"; }
 soak_limit=$(( SOAK_MAX_S + 2 * SOAK_GATE_S + 2400 ))
-# Issue 18's bench steps (startupab, startuptb, startupx): $1 phase, $2 bench flags; BENCH_TB_WRAP passes through the environment.
+# Issue 18's bench steps (startup, startupx): $1 phase, $2 bench flags; BENCH_TB_WRAP passes through the environment.
 startup_step() {
   echo "--- $1 $2 $(date +%T)" >> $R/startup.txt
   OUT=$R/startup BENCH_GPUS=$one BENCH_WORK=/tmp/turingbox-bench \
@@ -181,35 +180,23 @@ for phase in "$@"; do
               touch /tmp/session/soak64.plain-serving
               python3 tests/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
                 > $R/verdict-soak64.txt 2>&1 ;;
-    startupab) # issue 18's A/B (tests/gpu/README.md item 1), one server at a time on one GPU, ~1,150 s: plain vLLM and
-              # turingbox with the plan's argv (the demo's plan runs --language-model-only and forks vLLM's engine core
-              # since session 11); plain vLLM's empty run fills its caches, turingbox's seed fills its entry; then both
-              # seeded (the Done-when pair). Results: $R/startup. startupx adds the spawn and profile steps.
+    startup)  # issue 18's A/B (bench/startup.sh), one server at a time on one GPU: STARTUP_STEPS lists its steps as
+              # "phase|flags" separated by ';'. The default is the whole A/B in one go (~18 min: plain vLLM's empty start fills
+              # its caches, turingbox's seed its entry, then both seeded); session 15 ran it in calls of under 10 minutes
+              # each (tests/gpu/README.md): "seed|", then "seeded|--only turingbox;empty|--only plain", then "seeded|--only
+              # plain". The caches stay in /tmp/turingbox-bench between calls; a report ends each. BENCH_MODEL picks another
+              # model (made with BENCH_LAYERS layers when missing). Results: $R/startup
               build_modelinfos_once
-              for step in "empty|--only plain" "seed|" "seeded|" ${STARTUP_WARM:+"warm|"} "report|"; do
+              [ -z "${BENCH_MODEL:-}" ] || [ -d "$BENCH_MODEL" ] || python3 -m turingbox demo-model "$BENCH_MODEL" \
+                --layers "${BENCH_LAYERS:-4}" > $R/demo-model.txt 2>&1
+              IFS=';' read -ra steps <<< "${STARTUP_STEPS:-empty|--only plain;seed|;seeded|}"
+              for step in "${steps[@]}" "report|"; do
                 startup_step "${step%%|*}" "${step#*|}"
               done
               # vLLM's own record of what its compile key hashed, per start (session 11: HOME moved it)
               find /tmp/turingbox-bench -name cache_key_factors.json -path '*backbone*' | while read -r f; do
                 echo "== $f"; cat "$f"; done > $R/startup/cache-key-factors.txt 2>&1 ;;
-    startuptb) # turingbox's half of startupab, for a session whose device time cannot fit plain vLLM's starts: the seed
-              # (both its starts) and the seeded start on a copy of its entry. BENCH_MODEL picks the model (session 13:
-              # the 4-layer demo, /tmp/demo4). Results: $R/startup
-              build_modelinfos_once
-              [ -z "${BENCH_MODEL:-}" ] || [ -d "$BENCH_MODEL" ] || python3 -m turingbox demo-model "$BENCH_MODEL" \
-                --layers "${BENCH_LAYERS:-4}" > $R/demo-model.txt 2>&1
-              for step in "seed|" "seeded|--only turingbox" "report|"; do
-                startup_step "${step%%|*}" "${step#*|}"
-              done ;;
-    startup)  # issue 18's A/B in steps that each fit one call (tests/gpu/README.md, session 15): STARTUP_STEPS lists
-              # bench/startup.sh steps "phase|flags" separated by ';', e.g. "seed|", then "seeded|--only turingbox;empty|--only
-              # plain", then "seeded|--only plain". The caches stay in /tmp/turingbox-bench between calls; a report ends each.
-              build_modelinfos_once
-              IFS=';' read -ra steps <<< "${STARTUP_STEPS:?STARTUP_STEPS names the bench steps}"
-              for step in "${steps[@]}" "report|"; do
-                startup_step "${step%%|*}" "${step#*|}"
-              done ;;
-    startupx) # after startupab, on its caches: turingbox warm with a spawned engine core (fork's own share), then warm
+    startupx) # after startup, on its caches: turingbox warm with a spawned engine core (fork's own share), then warm
               # under py-spy (where each second of a seeded start goes, per process; the wheel is staged in
               # .device-wheels/extra, tests/gpu/README.md), then warm without the active warmup, ~250 s.
               # Results: $R/startup, $R/startup/pyspy-warm.txt.gz
@@ -226,7 +213,7 @@ for phase in "$@"; do
               # what the active warmup (7 s of session 11's warm start) buys: first TTFT vs the next, strict warmup only
               [ -n "${STARTUP_NOACTIVE:-}" ] && startup_step warm "--only turingbox --label no-active --tb-env TURINGBOX_ACTIVE_WARMUP=0"
               startup_step report "" ;;
-    plmem)    # after startupab, on its seeded turingbox caches (a warm start, same argv): one prompt_logprobs request of
+    plmem)    # after startup, on its seeded turingbox caches (a warm start, same argv): one prompt_logprobs request of
               # ~8,000 tokens and the GPU's used memory before and after (session 10: the AWQ engine held 7.6 GiB over
               # its budget; the plugin slices prompt logprobs since). Result: $R/prompt-logprobs-memory.json
               timeout 400 python3 tests/gpu/side_by_side.py --model ${BENCH_MODEL:-/tmp/demo} --phase plmem --gpus $one,$one \
