@@ -278,6 +278,10 @@ class Bench:
             v["turingbox_wrap"] = self.a.tb_wrap
         return v
 
+    def servers(self) -> tuple[str, ...]:
+        """The servers this run starts (--only picks one); the other's caches and results stay as its run left them."""
+        return (self.a.only,) if self.a.only else SERVERS
+
     def path(self, *parts: str) -> str:
         return os.path.join(self.work, *parts)
 
@@ -349,8 +353,7 @@ class Bench:
         parallel = len(self.gpus) > 1
         starters = [("turingbox", lambda gpu: self.start_turingbox(gpu, tb_root, phase)),
                     ("plain", lambda gpu: self.start_plain(plan, gpu, plain_home, phase))]
-        if self.a.only:
-            starters = [s for s in starters if s[0] == self.a.only]
+        starters = [s for s in starters if s[0] in self.servers()]
         results: dict = {}
         if parallel:
             runs = [(name, *start(self.gpus[i])) for i, (name, start) in enumerate(starters)]
@@ -383,7 +386,7 @@ class Bench:
 
     def phase_empty(self, plan: dict) -> dict:
         mine = {"plain": ("plain-home", "plain-empty-home"), "turingbox": ("tb-empty-root",)}
-        for server in ([self.a.only] if self.a.only else SERVERS):     # another server's caches stay
+        for server in self.servers():
             for d in mine[server]:
                 shutil.rmtree(self.path(d), ignore_errors=True)
         return self.serve_pair(plan, "empty", self.path("plain-home"), self.path("tb-empty-root"))
@@ -420,17 +423,15 @@ class Bench:
         plain_home, plain_caches = self.path("plain-home"), self.path("plain-empty-home")
         if not os.path.isdir(plain_caches) and os.path.isdir(plain_home):
             os.rename(plain_home, plain_caches)      # what the empty phase left behind, kept for every seeded run
-        if not os.path.isdir(plain_caches) and self.a.only != "turingbox":
+        if not os.path.isdir(plain_caches) and "plain" in self.servers():
             raise SystemExit("bench: run the empty phase first (plain vLLM's caches come from it).")
         # Copies, never the originals. turingbox's on a fresh path, as a new volume would be. Plain vLLM's at the same
         # HOME, as a user's caches copied to a new machine: vLLM 0.21's compile key hashes two folders under HOME
         # (VLLM_CONFIG_ROOT, VLLM_XLA_CACHE_PATH), so another HOME would recompile everything (session 11), which is
         # not a seeded start. turingbox's HOME is new every phase: its plugin keeps those two out of the key.
-        # A one-server run copies only its own caches: the other server's stay as its own run left them.
         copies = {"turingbox": (self.path("seed-root"), self.path("tb-seeded-root")), "plain": (plain_caches, plain_home)}
-        for server, (src, dst) in copies.items():
-            if self.a.only and server != self.a.only:
-                continue
+        for server in self.servers():
+            src, dst = copies[server]
             shutil.rmtree(dst, ignore_errors=True)
             if os.path.isdir(src):
                 shutil.copytree(src, dst, symlinks=True)
@@ -592,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         kept = results["phases"].get(key) or {}
         # One server at a time (--only; tests/gpu/README.md splits the A/B into calls that each fit a machine's
         # 10-minute window): the other server's result of the same phase stays beside this one.
-        other = {s: kept[s] for s in SERVERS if a.only and s != a.only and s in kept}
+        other = {s: kept[s] for s in SERVERS if s not in bench.servers() and s in kept}
         results["phases"][key] = {**phase_result, **other}
     bench.save(results)
     key = phase_key(a.phase, a.label)
