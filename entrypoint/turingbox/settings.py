@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import tempfile
 from dataclasses import dataclass, field
@@ -147,6 +148,23 @@ def path(text: str) -> str:
     return os.path.abspath(os.path.expanduser(text))
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def model_ref(text: str) -> str:
+    """A model directory (made absolute) or a Hugging Face id <owner>/<name> that names no local path."""
+    t = str(text).strip()
+    if not t:
+        raise ValueError("must be a model directory or a Hugging Face id <owner>/<name>")
+    if HUB_ID.fullmatch(t) and not os.path.exists(t):
+        return t
+    return path(t)
+
+
+def is_hub_id(value: str | None) -> bool:
+    return bool(value) and not os.path.isabs(value) and bool(HUB_ID.fullmatch(value))
+
+
 def directory(text: str) -> str:
     text = str(text).strip()
     if not text:
@@ -218,7 +236,10 @@ def api_key(text: str) -> str:
 
 _PLAN = (   # turingbox plan / serve / warmup: what the planner reads (planner.DEFAULTS is these defaults)
     # the model and the GPUs
-    Setting("model", "model directory (config.json, tokenizer, weights); unset: the built-in demo model", path),
+    Setting("model", "model directory (config.json, tokenizer, weights) or a Hugging Face id <owner>/<name>, "
+            "downloaded into models_dir; unset: the built-in demo model", model_ref),
+    Setting("model_revision", "Hugging Face revision (branch, tag or commit) of a hub id model (default: main)",
+            str),
     Setting("gpus_json", "read the GPU inventory from this JSON file instead of NVML (simulation)", path),
     # parallelism and speculative decoding
     Setting("tensor_parallel_size", "tensor-parallel GPUs (default: the largest legal count of identical GPUs)",
@@ -287,6 +308,21 @@ _SERVE = (  # turingbox serve: the sidecar in front of vLLM
             "accepts; larger ones get 431", positive_int, 64 * 1024),
     Setting("client_timeout_seconds", "longest a client may take to send its request head, and "
             "to send each part of its body (then 408)", positive_float, 60.0),
+    # admission: what one request may ask for, checked before it reaches vLLM (400/429 in vLLM's error shape)
+    Setting("max_n", "largest n / best_of / beam width one request may ask for (default: the plan's "
+            "max_num_seqs)", positive_int, None),
+    Setting("max_tokens", "ceiling on a request's max_tokens / max_completion_tokens / max_output_tokens "
+            "(default: the plan's max_model_len)", positive_int, None),
+    Setting("default_max_tokens", "max_tokens given to a request that sends none (default: from the plan, "
+            "at most max_tokens)", positive_int, None),
+    Setting("max_total_tokens", "largest prompt + n x max_tokens one request may ask for (default: from the "
+            "plan)", positive_int, None),
+    Setting("max_concurrent_requests", "requests in flight at once over all clients; more get 429 with "
+            "Retry-After (default: from the plan)", positive_int, None),
+    Setting("max_concurrent_per_key", "requests in flight at once per API key (or client address without "
+            "a key); more get 429 (default: max_concurrent_requests)", positive_int, None),
+    Setting("request_timeout_seconds", "longest one request may run before it is aborted in vLLM and "
+            "answered 504 (0: no limit)", non_negative_float, 900.0),
     # readiness and liveness
     Setting("active_warmup", "send real requests through vLLM before reporting ready", boolean, True),
     Setting("upstream_probe_seconds", "after ready, how often vLLM's /health is probed (and "
@@ -330,6 +366,51 @@ def _names(group: tuple[Setting, ...]) -> tuple[str, ...]:
 REGISTRY: dict[str, Setting] = {s.name: s for s in SETTINGS}
 assert len(REGISTRY) == len(SETTINGS), "a setting is declared twice"
 assert len({s.env_name for s in SETTINGS}) == len(SETTINGS), "two settings share a variable"
+
+# Every other TURINGBOX_* name the project reads: not settings of the appliance (no flag), each with who reads
+# it. `turingbox serve`/`plan` accept these in their environment; any other TURINGBOX_* name is a typo.
+OTHER_VARIABLES: dict[str, str] = {
+    # the plugin's own, read in vLLM's worker processes (the plugin imports nothing of the appliance); the
+    # appliance hands resolved values on through --additional-config, and these pass through its environment
+    "TURINGBOX_PLUGIN": "the plugin's on/off switch in a plain vLLM environment",
+    "TURINGBOX_GDN_LIB": "the plugin's prebuilt sm_75 GDN library (set by the image)",
+    "TURINGBOX_PRUNE_AUTOTUNE": "the plugin's autotune pruning switch",
+    "TURINGBOX_BENCH_URL": "the plugin's bench tools' default URL",
+    # build and development tools, never read by `turingbox serve`
+    "TURINGBOX_VLLM_SRC": "vLLM's source for the AOT spec derivations and compile checks",
+    "TURINGBOX_FLASHINFER_SRC": "FlashInfer's source for its module derivation",
+    "TURINGBOX_CUDA_EXTRA_INCLUDE": "extra CUDA headers for the FlashInfer ahead-of-time build",
+    "TURINGBOX_CACHE_VOLUME": "the Docker volume `make warmup-cache` seeds",
+    "TURINGBOX_VERSION": "the image's label, set at build",
+    # compose's own interpolation variables (docker compose reads them, not the appliance)
+    "TURINGBOX_IMAGE": "compose: the image tag",
+    "TURINGBOX_BIND_ADDRESS": "compose: the host address the port is published on",
+    "TURINGBOX_GPU_COUNT": "compose: how many GPUs the service reserves",
+}
+assert not set(OTHER_VARIABLES) & {s.env_name for s in SETTINGS}, "a setting is also listed as another variable"
+
+
+def unknown_variables(env: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """TURINGBOX_* names in the environment that are neither a setting nor another known variable, each with
+    the closest known name (None when nothing is close): the typos a person makes."""
+    import difflib
+    env = os.environ if env is None else env
+    known = sorted({s.env_name for s in SETTINGS} | set(OTHER_VARIABLES))
+    out = []
+    for name in sorted(n for n in env if n.startswith("TURINGBOX_") and n not in known):
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        if not close:   # a shortened or stretched name (TURINGBOX_TPP, TURINGBOX_MAX_MODEL_LENGTH)
+            close = [k for k in known if name.startswith(k) or k.startswith(name)][:1]
+        out.append((name, close[0] if close else None))
+    return out
+
+
+def refuse_unknown_variables(env: Mapping[str, str] | None = None) -> None:
+    """UsageError (exit 2) for the first unknown TURINGBOX_* variable, naming the closest known one."""
+    for name, close in unknown_variables(env):
+        hint = f"; did you mean {close}?" if close else "; `turingbox settings` lists them all."
+        raise UsageError(f"{name} is not a setting{hint}")
+
 
 # What each command resolves (and the order of its flags in --help).
 PLANNER_SETTINGS = _names(_PLAN)

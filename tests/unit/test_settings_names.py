@@ -11,24 +11,7 @@ import tokenize
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-NOT_APPLIANCE_SETTINGS = {
-    # the plugin's own, read in vLLM's worker processes (the plugin imports nothing of the appliance); the
-    # appliance hands resolved values on through --additional-config, and these pass through its environment
-    "TURINGBOX_PLUGIN": "the plugin's on/off switch in a plain vLLM environment",
-    "TURINGBOX_GDN_LIB": "the plugin's prebuilt sm_75 GDN library (set by the image)",
-    "TURINGBOX_PRUNE_AUTOTUNE": "the plugin's autotune pruning switch",
-    "TURINGBOX_BENCH_URL": "the plugin's bench tools' default URL",
-    # build and development tools, never read by `turingbox serve`
-    "TURINGBOX_VLLM_SRC": "vLLM's source for the AOT spec derivations and compile checks",
-    "TURINGBOX_FLASHINFER_SRC": "FlashInfer's source for its module derivation",
-    "TURINGBOX_CUDA_EXTRA_INCLUDE": "extra CUDA headers for the FlashInfer ahead-of-time build",
-    "TURINGBOX_CACHE_VOLUME": "the Docker volume `make warmup-cache` seeds",
-    "TURINGBOX_VERSION": "the image's label, set at build",
-    # compose's own interpolation variables (docker compose reads them, not the appliance)
-    "TURINGBOX_IMAGE": "compose: the image tag",
-    "TURINGBOX_BIND_ADDRESS": "compose: the host address the port is published on",
-    "TURINGBOX_GPU_COUNT": "compose: how many GPUs the service reserves",
-}
+from turingbox.settings import OTHER_VARIABLES as NOT_APPLIANCE_SETTINGS   # declared beside the table
 
 
 def names_in_shipped_files() -> dict[str, set[str]]:
