@@ -62,7 +62,17 @@ SIGNALS = {
     "triton_autotuning": r"Triton autotuning for function",
     "flashinfer_builds": r"(?i)flashinfer.*(ninja|building|compiling)",
     "jit_after_ready": r"Triton kernel JIT compilation during inference",     # vLLM's jit_monitor
+    # Triton's own print (TRITON_PRINT_AUTOTUNING=1): one line per config benchmarked; 0 when results came from its
+    # autotune cache (TRITON_CACHE_AUTOTUNING=1 and a hit) or from turingbox's entry
+    "autotune_configs_benched": r"Autotuning kernel \w+ with config",
 }
+# vLLM's monitor line for the profile run (Dynamo/Inductor, FLA's autotunes and every first Triton compile land in it)
+PROFILE_RUN = re.compile(r"Initial profiling/warmup run took ([0-9.]+) s")
+# How plain vLLM's caches are set (issue 35): "careful" is what vLLM's and Triton's documentation tell a user who
+# restarts the server: every cache named and inside HOME, and Triton's autotune results persisted
+# (TRITON_CACHE_AUTOTUNING=1, which FLA's GDN kernels need to skip their ~90 s autotune on a restart); "default" is
+# vLLM as installed (Inductor's cache moved into HOME as well, so a copy of HOME carries it).
+PLAIN_CACHES = ("careful", "default")
 
 
 def log(msg: str) -> None:
@@ -216,16 +226,31 @@ def breakdown(run: Run, upstream_s: float | None, ready_s: float | None) -> dict
     return out
 
 
-def signals(run: Run) -> dict[str, int]:
+def signals(run: Run) -> dict:
     text = "\n".join(line for _, line in run.lines)
-    return {name: len(re.findall(rx, text)) for name, rx in SIGNALS.items()}
+    out: dict = {name: len(re.findall(rx, text)) for name, rx in SIGNALS.items()}
+    out["autotuned_kernels"] = sorted(set(re.findall(r"Autotuning kernel (\w+) with config", text)))
+    profile = PROFILE_RUN.findall(text)
+    if profile:
+        out["profile_run_s"] = float(profile[-1])
+    return out
+
+
+def count_compiled(root: str) -> int:
+    """Compiled kernels on disk under a cache root: Triton's .cubin files (one per compiled kernel variant, written
+    whether the compile happened in the profile run, the warmup or a request) plus FlashInfer's built modules."""
+    n = 0
+    for _dir, _subdirs, files in os.walk(root):
+        n += sum(1 for f in files if f.endswith((".cubin", ".hsaco")) or (f.endswith(".so") and "flashinfer" in _dir))
+    return n
 
 
 def measure(run: Run, served: str, deadline: float, upstream_port: int, ready_checks: list[tuple[int, str]],
-            request_port: int) -> dict:
+            request_port: int, cache_root: str | None = None, compiled_before: int | None = None) -> dict:
     upstream = wait_until(run, [(upstream_port, "/health"), (upstream_port, "/v1/models")], deadline)
     ready = upstream if upstream is None or ready_checks == [] else wait_until(run, ready_checks, deadline)
     res: dict = {"ready_s": ready, "upstream_ready_s": upstream, "exit": run.proc.poll()}
+    at_ready = count_compiled(cache_root) if cache_root else None
     if ready is None:
         res["error"] = ("exited with " + str(run.proc.returncode)) if run.proc.poll() is not None else \
             f"not ready within {deadline - run.t0:.0f} s"
@@ -237,6 +262,10 @@ def measure(run: Run, served: str, deadline: float, upstream_port: int, ready_ch
             res["later_ttft_median_s"] = round(statistics.median(later), 4)
         except (OSError, RuntimeError) as exc:
             res["ttft_error"] = f"{type(exc).__name__}: {exc}"
+    if cache_root and compiled_before is not None and at_ready is not None:
+        # kernels compiled (new on disk) while starting, and by the four requests after ready
+        res["compiled"] = {"before_start": compiled_before, "during_start": at_ready - compiled_before,
+                           "after_ready": count_compiled(cache_root) - at_ready}
     res["stages_s"] = breakdown(run, upstream, ready)
     res["log_signals"] = signals(run)
     return res
@@ -307,6 +336,11 @@ class Bench:
         env = self.base_env(gpu, home)
         # Inductor's default is /tmp/torchinductor_<user>, outside HOME: keep it with the rest.
         env.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(home, "torchinductor"), VLLM_PLUGINS="")
+        if self.a.plain_caches == "careful":
+            # vLLM's and Triton's documented cache settings, named where their defaults already are, and Triton's
+            # autotune cache on (off by default; without it FLA re-autotunes for ~90 s at every start)
+            env.update(VLLM_CACHE_ROOT=os.path.join(home, ".cache", "vllm"),
+                       TRITON_CACHE_DIR=os.path.join(home, ".triton", "cache"), TRITON_CACHE_AUTOTUNING="1")
         return env
 
     def plan(self) -> dict:
@@ -333,20 +367,56 @@ class Bench:
 
     # -- runs
 
+    # -- which start of which server: issue 35 names every record by it
+
+    CACHE_STATE = {"empty": "empty", "seeded": "copied", "warm": "unchanged", "seed": "empty"}
+
+    def _ledger(self) -> dict:
+        try:
+            return json.load(open(self.path("starts.json")))
+        except (OSError, ValueError):
+            return {}
+
+    def forget_starts(self, root: str) -> None:
+        """A cache root that was just emptied or replaced by a copy: its next start is its first."""
+        ledger = self._ledger()
+        ledger.pop(os.path.relpath(root, self.work), None)
+        json.dump(ledger, open(self.path("starts.json"), "w"), indent=1)
+
+    def begin_start(self, server: str, root: str, phase: str) -> dict:
+        ledger = self._ledger()
+        key = os.path.relpath(root, self.work)
+        ledger[key] = ledger.get(key, 0) + 1
+        json.dump(ledger, open(self.path("starts.json"), "w"), indent=1)
+        start = {"server": server, "n": ledger[key], "caches_at": key, "caches": self.CACHE_STATE.get(phase, phase)}
+        if server == "plain":
+            start["cache_settings"] = self.a.plain_caches
+        return start
+
     def start_plain(self, plan: dict, gpu: str, home: str, phase: str) -> tuple[Run, dict]:
         port = free_port()
+        start = self.begin_start("plain", home, phase)
+        before = count_compiled(home)
         run = Run("plain", self.plain_argv(plan, port), self.plain_env(gpu, home),
-                  self.path("logs", f"{phase}-plain.log"))
-        return run, {"upstream_port": port, "ready_checks": [], "request_port": port}
+                  self.path("logs", f"{phase}{self.log_suffix()}-plain.log"))
+        return run, {"upstream_port": port, "ready_checks": [], "request_port": port, "cache_root": home,
+                     "compiled_before": before, "start": start}
 
     def start_turingbox(self, gpu: str, root: str, phase: str) -> tuple[Run, dict]:
         port, upstream = free_port(), free_port()
+        start = self.begin_start("turingbox", root, phase)
+        before = count_compiled(root)
         wrap = shlex.split(self.a.tb_wrap)
         argv = [*wrap, sys.executable, "-m", "turingbox", "serve", "--host", "127.0.0.1", "--port", str(port),
                 "--upstream-port", str(upstream), *self.tb_args, *self.tb_passthrough]
-        run = Run("turingbox", argv, self.tb_env(gpu, root, phase), self.path("logs", f"{phase}-turingbox.log"),
-                  wrapped=bool(wrap))
-        return run, {"upstream_port": upstream, "ready_checks": [(port, "/health/ready")], "request_port": port}
+        run = Run("turingbox", argv, self.tb_env(gpu, root, phase),
+                  self.path("logs", f"{phase}{self.log_suffix()}-turingbox.log"), wrapped=bool(wrap))
+        return run, {"upstream_port": upstream, "ready_checks": [(port, "/health/ready")], "request_port": port,
+                     "cache_root": root, "compiled_before": before, "start": start}
+
+    def log_suffix(self) -> str:
+        """A labelled run keeps its own log beside the baseline's (warm+start3-plain.log)."""
+        return f"+{self.a.label}" if self.a.label else ""
 
     def serve_pair(self, plan: dict, phase: str, plain_home: str, tb_root: str) -> dict:
         served = plan.get("served_model_name") or plan["model"]
@@ -361,7 +431,8 @@ class Bench:
             deadline = time.monotonic() + self.remaining() - 20
             for name, run, ports in runs:
                 t = threading.Thread(target=lambda n=name, r=run, p=ports: out.__setitem__(
-                    n, measure(r, served, deadline, p["upstream_port"], p["ready_checks"], p["request_port"])))
+                    n, {"start": p["start"], **measure(r, served, deadline, p["upstream_port"], p["ready_checks"],
+                                                       p["request_port"], p["cache_root"], p["compiled_before"])}))
                 t.start()
                 threads.append(t)
             for t in threads:
@@ -375,8 +446,9 @@ class Bench:
                 share = (self.remaining() - 20) / (len(starters) - i)
                 run, ports = start(self.gpus[0])
                 try:
-                    results[name] = measure(run, served, time.monotonic() + share, ports["upstream_port"],
-                                            ports["ready_checks"], ports["request_port"])
+                    results[name] = {"start": ports["start"], **measure(
+                        run, served, time.monotonic() + share, ports["upstream_port"], ports["ready_checks"],
+                        ports["request_port"], ports["cache_root"], ports["compiled_before"])}
                 finally:
                     run.stop()
         for name, r in results.items():
@@ -389,6 +461,7 @@ class Bench:
         for server in self.servers():
             for d in mine[server]:
                 shutil.rmtree(self.path(d), ignore_errors=True)
+                self.forget_starts(self.path(d))
         return self.serve_pair(plan, "empty", self.path("plain-home"), self.path("tb-empty-root"))
 
     def phase_seed(self, plan: dict) -> dict:
@@ -421,8 +494,10 @@ class Bench:
         if not os.path.isdir(self.path("seed-root")):
             raise SystemExit("bench: run the seed phase first (no seed-root in the work directory).")
         plain_home, plain_caches = self.path("plain-home"), self.path("plain-empty-home")
-        if not os.path.isdir(plain_caches) and os.path.isdir(plain_home):
-            os.rename(plain_home, plain_caches)      # what the empty phase left behind, kept for every seeded run
+        if "plain" in self.servers() and not os.path.isdir(plain_caches) and os.path.isdir(plain_home):
+            # what the empty phase left behind, kept for every seeded run; a turingbox-only run leaves plain's HOME
+            # where it is (issue 35's restarts run in it unchanged)
+            os.rename(plain_home, plain_caches)
         if not os.path.isdir(plain_caches) and "plain" in self.servers():
             raise SystemExit("bench: run the empty phase first (plain vLLM's caches come from it).")
         # Copies, never the originals. turingbox's on a fresh path, as a new volume would be. Plain vLLM's at the same
@@ -433,13 +508,18 @@ class Bench:
         for server in self.servers():
             src, dst = copies[server]
             shutil.rmtree(dst, ignore_errors=True)
+            self.forget_starts(dst)
             if os.path.isdir(src):
                 shutil.copytree(src, dst, symlinks=True)
         return self.serve_pair(plan, "seeded", plain_home, self.path("tb-seeded-root"))
 
     def phase_warm(self, plan: dict) -> dict:
-        if not os.path.isdir(self.path("tb-seeded-root")):
-            raise SystemExit("bench: run the seeded phase first (warm reuses its caches).")
+        """Both servers again on the caches they used last, unchanged: plain vLLM in the HOME of its empty start (its
+        second, third, ... start there: issue 35's steady restart), turingbox on the seeded copy."""
+        if "turingbox" in self.servers() and not os.path.isdir(self.path("tb-seeded-root")):
+            raise SystemExit("bench: run the seeded phase first (turingbox's warm start reuses its caches).")
+        if "plain" in self.servers() and not os.path.isdir(self.path("plain-home")):
+            raise SystemExit("bench: run the empty phase first (plain vLLM's warm start reuses its HOME).")
         return self.serve_pair(plan, "warm", self.path("plain-home"), self.path("tb-seeded-root"))
 
     # -- results
@@ -452,6 +532,8 @@ class Bench:
 
     def save(self, results: dict) -> None:
         results["criteria"] = criteria(results["phases"])
+        results["fair_ab"] = fair_ab(results["phases"])
+        results["starts"] = starts_table(results["phases"])
         tmp = self.results_path + ".tmp"
         json.dump(results, open(tmp, "w"), indent=1, default=str)
         os.replace(tmp, self.results_path)
@@ -495,6 +577,63 @@ def criteria(phases: dict) -> dict:
     if sig:
         out["seeded_no_compile_autotune_jit"] = not (sig.get("graphs_compiled") or sig.get("triton_autotuning")
                                                      or sig.get("flashinfer_builds") or sig.get("jit_after_ready"))
+    return out
+
+
+def starts_table(phases: dict) -> list[dict]:
+    """One row per server start on record, named by which start of which server it was (issue 35)."""
+    rows = []
+    for key, phase in phases.items():
+        for server in SERVERS:
+            r = (phase or {}).get(server)
+            if not isinstance(r, dict) or "ready_s" not in r:
+                continue
+            sig = r.get("log_signals") or {}
+            rows.append({"record": key, "server": server, "start": r.get("start"), "ready_s": r.get("ready_s"),
+                         "first_ttft_s": r.get("first_ttft_s"), "later_ttft_median_s": r.get("later_ttft_median_s"),
+                         "compiled": r.get("compiled"), "graphs_compiled": sig.get("graphs_compiled"),
+                         "autotune_configs_benched": sig.get("autotune_configs_benched"),
+                         "profile_run_s": sig.get("profile_run_s"), "jit_after_ready": sig.get("jit_after_ready")})
+    return rows
+
+
+def fair_ab(phases: dict) -> dict:
+    """Issue 35's bar. Fresh node: turingbox from a seeded entry vs plain vLLM's empty start (<= 0.25x). Restart:
+    turingbox warm vs plain vLLM's steady restart, its latest start (the third or later) in an unchanged HOME with the
+    careful cache settings (<= 0.8x); plain's default restart on record beside it. Seeded ready <= 40 s, first TTFT
+    <= 1.2x later."""
+    rows = starts_table(phases)
+
+    def pick(server: str, record: str | None = None, **start) -> dict | None:
+        found = [r for r in rows if r["server"] == server and (record is None or r["record"] == record)
+                 and r.get("ready_s") and all((r.get("start") or {}).get(k) == v for k, v in start.items())]
+        return max(found, key=lambda r: (r.get("start") or {}).get("n", 0)) if found else None
+
+    out: dict = {}
+    tb_fresh, plain_empty = pick("turingbox", "seeded"), pick("plain", "empty")
+    tb_restart = pick("turingbox", "warm")
+    steady = pick("plain", caches="unchanged", cache_settings="careful")
+    default = pick("plain", caches="unchanged", cache_settings="default")
+    for name, tb, plain, bar in (("fresh_node", tb_fresh, plain_empty, 0.25), ("restart", tb_restart, steady, 0.8)):
+        if tb and plain:
+            ratio = tb["ready_s"] / plain["ready_s"]
+            out[name] = {"turingbox": f"{tb['record']} (start {tb['start']['n']})", "turingbox_ready_s": tb["ready_s"],
+                         "plain": f"{plain['record']} (start {plain['start']['n']}, {plain['start']['caches']} "
+                                  f"caches, {plain['start'].get('cache_settings')} settings)",
+                         "plain_ready_s": plain["ready_s"], "ratio": round(ratio, 3), f"le_{bar}x": ratio <= bar}
+    if steady and steady["start"]["n"] < 3:
+        out["restart_note"] = f"plain's latest careful restart on record is its start {steady['start']['n']}, not a third"
+    if default:
+        out["plain_default_restart"] = {"record": default["record"], "start": default["start"]["n"],
+                                        "ready_s": default["ready_s"]}
+        if tb_restart:
+            out["plain_default_restart"]["turingbox_over_it"] = round(tb_restart["ready_s"] / default["ready_s"], 3)
+    for name, r in (("fresh_node_turingbox", tb_fresh), ("restart_turingbox", tb_restart)):
+        if r:
+            out[f"{name}_le_40s"] = r["ready_s"] <= 40.0
+            if r.get("first_ttft_s") and r.get("later_ttft_median_s"):
+                out[f"{name}_first_over_later"] = round(r["first_ttft_s"] / r["later_ttft_median_s"], 3)
+            out[f"{name}_jit_after_ready"] = r.get("jit_after_ready")
     return out
 
 
@@ -575,6 +714,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep this run's result as PHASE+LABEL (a variant beside the baseline); the caches in --work "
                         "are shared, so run the baseline's phases first (tests/gpu/README.md)")
     p.add_argument("--only", choices=SERVERS, help="run only one of the two servers")
+    p.add_argument("--plain-caches", choices=PLAIN_CACHES, default="careful",
+                   help="plain vLLM's cache settings: careful (VLLM_CACHE_ROOT, TRITON_CACHE_DIR, "
+                        "TRITON_CACHE_AUTOTUNING=1, Inductor's cache in HOME) or default (as installed)")
     p.add_argument("--copy-logs", action="store_true", help="also copy the logs to <out>/startup-logs")
     a = p.parse_args(argv)
     bench = Bench(a)
@@ -597,8 +739,8 @@ def main(argv: list[str] | None = None) -> int:
         results["phases"][key] = {**phase_result, **other}
     bench.save(results)
     key = phase_key(a.phase, a.label)
-    print(json.dumps({"phase": key, "result": results["phases"].get(key), "criteria": results["criteria"]},
-                     indent=1, default=str))
+    print(json.dumps({"phase": key, "result": results["phases"].get(key), "criteria": results["criteria"],
+                      "fair_ab": results.get("fair_ab")}, indent=1, default=str))
     return 0
 
 

@@ -66,7 +66,8 @@ def test_all_phases_run_on_the_caches_they_claim_and_write_json_and_chart(tmp_pa
     assert "--worker-cls" not in (logs / "empty-plain.log").read_text()
     # Plain vLLM keeps one HOME, as a user does: seeded is the empty run's caches copied back under it (vLLM 0.21's
     # compile key hashes two folders under HOME); the empty run started with nothing, seeded and warm found them.
-    plain_home, both = str(tmp_path / "work" / "plain-home"), '["TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT"]'
+    plain_home, both = str(tmp_path / "work" / "plain-home"), \
+            '["TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"]'   # the careful settings name all three
     for phase, found in (("empty", "[]"), ("seeded", both), ("warm", both)):
         assert f"engine_filling_caches: HOME {plain_home}, found {found}" in (logs / f"{phase}-plain.log").read_text()
     assert os.path.isdir(tmp_path / "work" / "plain-empty-home")     # the empty run's caches, kept for reruns
@@ -148,7 +149,7 @@ def test_a_wrapped_turingbox_is_stopped_itself_and_the_wrapper_ends_with_it(tmp_
     phase = json.load(open(tmp_path / "out" / "startup.json"))["phases"]["empty+profiled"]
     assert phase["variant"]["turingbox_wrap"] == wrapper and phase["turingbox"]["ready_s"] > 0
     assert json.loads(record.read_text()) == {"stopped_by": "child exit", "child_exit": 0}
-    log = (tmp_path / "work" / "logs" / "empty-turingbox.log").read_text()
+    log = (tmp_path / "work" / "logs" / "empty+profiled-turingbox.log").read_text()   # its own log
     assert "SIGTERM received: draining" in log and "vLLM stopped (exit code 0)" in log
 
 
@@ -184,5 +185,48 @@ def test_a_phase_run_one_server_at_a_time_keeps_both_results_and_each_servers_ca
     assert results["criteria"]["seeded_turingbox_over_plain"] == round(
         seeded["turingbox"]["ready_s"] / seeded["plain"]["ready_s"], 3)
     assert json.load(open(manifest))["hits"] == 1          # turingbox's seeded copy was left as its run left it
-    both = '["TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT"]'
+    both = '["TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"]'
     assert f"found {both}" in (tmp_path / "work" / "logs" / "seeded-plain.log").read_text()
+
+
+def test_fair_ab_names_every_start_and_compares_against_plain_at_its_best(tmp_path):
+    """Issue 35's A/B, one server at a time as on one GPU: plain vLLM's empty start and two restarts in the unchanged
+    HOME with the careful cache settings, then its default restart; turingbox's seed, seeded and warm starts. Every
+    record says which start of which server it is, and the ratios pick plain's empty start (fresh node) and its
+    third careful start (restart)."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    steps = [("empty", "--only", "plain"), ("warm", "--only", "plain", "--label", "start2"),
+             ("warm", "--only", "plain", "--label", "start3"), ("seed",), ("seeded", "--only", "turingbox"),
+             ("warm", "--only", "turingbox"), ("warm", "--only", "plain", "--label", "default", "--plain-caches",
+                                                "default")]
+    for phase, *flags in steps:
+        r = bench(tmp_path, phase, "--gpus", "0", *flags)
+        assert r.returncode == 0, (phase, flags, r.stdout[-3000:] + r.stderr[-3000:])
+    results = json.load(open(tmp_path / "out" / "startup.json"))
+    phases = results["phases"]
+    starts = {(row["record"], row["server"]): row["start"] for row in results["starts"]}
+    assert starts[("empty", "plain")] == {"server": "plain", "n": 1, "caches_at": "plain-home", "caches": "empty",
+                                          "cache_settings": "careful"}
+    assert starts[("warm+start2", "plain")]["n"] == 2 and starts[("warm+start3", "plain")]["n"] == 3
+    assert starts[("warm+start3", "plain")]["caches"] == "unchanged"
+    assert starts[("warm+default", "plain")] == {"server": "plain", "n": 4, "caches_at": "plain-home",
+                                                 "caches": "unchanged", "cache_settings": "default"}
+    assert starts[("seeded", "turingbox")]["n"] == 1 and starts[("seeded", "turingbox")]["caches"] == "copied"
+    assert starts[("warm", "turingbox")] == {"server": "turingbox", "n": 2, "caches_at": "tb-seeded-root",
+                                             "caches": "unchanged"}
+    # the careful settings reach plain vLLM: its Triton cache under HOME got the stand-in's kernel and autotune result
+    # at the first start, and nothing new at the restarts
+    assert phases["empty"]["plain"]["compiled"]["during_start"] == 1
+    assert phases["warm+start3"]["plain"]["compiled"]["during_start"] == 0
+    assert (tmp_path / "work" / "plain-home" / ".triton" / "cache" / "KERNELHASH" / "chunk_fwd.autotune.json").exists()
+    fair = results["fair_ab"]
+    assert fair["fresh_node"]["plain"].startswith("empty (start 1")
+    assert fair["restart"]["plain"].startswith("warm+start3 (start 3, unchanged caches, careful")
+    assert fair["restart"]["turingbox"] == "warm (start 2)"
+    assert fair["restart"]["ratio"] == round(phases["warm"]["turingbox"]["ready_s"]
+                                             / phases["warm+start3"]["plain"]["ready_s"], 3)
+    assert fair["plain_default_restart"]["start"] == 4 and "restart_note" not in fair
+    # the labelled runs keep their own logs beside the baseline's
+    logs = tmp_path / "work" / "logs"
+    assert (logs / "warm+start3-plain.log").exists() and (logs / "warm+default-plain.log").exists()
