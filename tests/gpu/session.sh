@@ -180,6 +180,15 @@ for phase in "$@"; do
               touch /tmp/session/soak64.plain-serving
               python3 tests/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
                 > $R/verdict-soak64.txt 2>&1 ;;
+    hostile)  # issue 37: turingbox serve again on the A/B's seeded entry (after the startup phase), then one hostile request
+              # (n=1000, no max_tokens) among 4 streaming clients: refused with 400, their TTFT within 1.2x unloaded
+              rm -rf /tmp/tb-hostile-home /tmp/tb-hostile-rt; mkdir -p /tmp/tb-hostile-home
+              (HOME=/tmp/tb-hostile-home CUDA_VISIBLE_DEVICES=$one TURINGBOX_CACHE_DIR=/tmp/turingbox-bench/tb-seeded-root \
+                TURINGBOX_RUNTIME_DIR=/tmp/tb-hostile-rt TURINGBOX_MODEL=/tmp/demo TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos \
+                setsid python3 -m turingbox serve --host 127.0.0.1 --port 8090 > $R/hostile-serve.log 2>&1 & echo $! > /tmp/hostile.pid)
+              for _ in $(seq 1 150); do curl -sf -o /dev/null http://127.0.0.1:8090/health/ready && break; sleep 2; done
+              timeout 300 python3 tests/gpu/hostile.py --url http://127.0.0.1:8090 --out $R/hostile.json > $R/hostile.txt 2>&1
+              kill -TERM "$(cat /tmp/hostile.pid)"; for _ in $(seq 1 30); do kill -0 "$(cat /tmp/hostile.pid)" 2>/dev/null || break; sleep 1; done ;;
     startup)  # issue 18's A/B (bench/startup.sh), one server at a time on one GPU: STARTUP_STEPS lists its steps as
               # "phase|flags" separated by ';'. The default is the whole A/B in one go (~18 min: plain vLLM's empty start fills
               # its caches, turingbox's seed its entry, then both seeded); session 15 ran it in calls of under 10 minutes
