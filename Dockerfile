@@ -200,5 +200,6 @@ EXPOSE 8000
 # Liveness only (200 while starting): readiness is /health/ready, for orchestrators that route traffic.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
   CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health/live' % os.environ.get('TURINGBOX_PORT', '8000'), timeout=4)"]
-ENTRYPOINT ["tini", "--", "turingbox"]
+# `python -m turingbox` (its __main__) drops a repeated program name: `docker run IMAGE turingbox doctor` works too.
+ENTRYPOINT ["tini", "--", "python3", "-P", "-m", "turingbox"]
 CMD ["serve"]

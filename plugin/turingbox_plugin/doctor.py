@@ -1,6 +1,7 @@
 """`doctor [MODEL]`: one PASS/WARN/FAIL line per prerequisite; never initialises CUDA, never a traceback."""
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import platform
@@ -122,21 +123,42 @@ def read_gpus() -> list[dict]:
         pynvml.nvmlShutdown()
 
 
-def check_gpus() -> Check:
-    try:
-        gpus = read_gpus()
-    except RuntimeError as exc:
-        return Check("gpus", FAIL, str(exc))
+MIN_COMPUTE_CAPABILITY = "7.5"   # the oldest that FlashInfer and vLLM 0.21's AWQ-Marlin support
+
+
+def _cc(text: str) -> tuple[int, int]:
+    major, _, minor = str(text).partition(".")
+    return int(major), int(minor or 0)
+
+
+def check_gpus(gpus: list[dict] | None = None) -> Check:
+    """The GPUs NVML reports (or `gpus`, same fields as read_gpus)."""
+    if gpus is None:
+        try:
+            gpus = read_gpus()
+        except RuntimeError as exc:
+            return Check("gpus", FAIL, str(exc))
     if not gpus:
         return Check("gpus", FAIL, "NVML reports no GPU")
-    caps = sorted({g["compute_capability"] for g in gpus})
+    caps = sorted({g["compute_capability"] for g in gpus}, key=_cc)
     desc = "; ".join(f"{g['index']}: {g['name']} sm_{g['compute_capability'].replace('.', '')} "
                      f"{g['memory_total_mib']} MiB" for g in gpus)
     if len(caps) > 1:
         return Check("gpus", WARN, f"mixed compute capabilities {caps}: {desc}")
-    if float(caps[0]) < 7.5:
-        return Check("gpus", FAIL, f"compute capability {caps[0]} is below 7.5: {desc}")
+    if _cc(caps[0]) < _cc(MIN_COMPUTE_CAPABILITY):
+        return Check("gpus", FAIL, below_minimum_sentence(gpus))
     return Check("gpus", PASS, desc)
+
+
+def below_minimum_sentence(gpus: list[dict]) -> str:
+    """One sentence: which GPUs, their compute capability and the minimum (all `gpus` share one capability)."""
+    cc = gpus[0]["compute_capability"]
+    names = sorted({g["name"] for g in gpus})
+    which = (f"GPU {gpus[0]['index']} ({names[0]}) has" if len(gpus) == 1 else
+             f"GPUs {', '.join(str(g['index']) for g in gpus)} ({', '.join(names)}) have")
+    return (f"{which} compute capability {cc} (sm_{cc.replace('.', '')}), below the minimum of "
+            f"{MIN_COMPUTE_CAPABILITY} (sm_{MIN_COMPUTE_CAPABILITY.replace('.', '')}) that FlashInfer and "
+            "vLLM 0.21's AWQ-Marlin need.")
 
 
 def check_entry_point() -> Check:
@@ -190,22 +212,34 @@ def check_model(model_dir: str) -> Check:
 
 
 # Checks that need more than the plugin (the appliance's planner) come in through this entry-point group:
-# each entry is a function (model_dir) -> Check, so the plugin imports nothing of the appliance.
+# each entry is a function (model_dir) -> Check, so the plugin imports nothing of the appliance. An entry
+# that carries an `add_arguments(parser)` attribute adds its own doctor flags and is called
+# (model_dir, args) with the parsed arguments.
 EXTRA_CHECKS_GROUP = "turingbox_plugin.doctor_checks"
 
 
-def extra_checks() -> list[tuple[str, Callable[[str | None], Check]]]:
+def extra_checks() -> list[tuple[str, Callable[..., Check]]]:
     from importlib.metadata import entry_points
     out = []
     for ep in entry_points(group=EXTRA_CHECKS_GROUP):
         try:
             out.append((ep.name, ep.load()))
         except Exception as exc:  # a broken extension is its own WARN line
-            out.append((ep.name, lambda _m, exc=exc: Check(ep.name, WARN, f"not loadable ({exc})")))
+            out.append((ep.name, lambda _m, exc=exc, name=ep.name: Check(name, WARN, f"not loadable ({exc})")))
     return out
 
 
-def run_checks(model_dir: str | None = None) -> list[Check]:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """doctor's flags: MODEL, --json, and those of the extra checks (the appliance's --gpus-json)."""
+    parser.add_argument("model", nargs="?", default=None, help="model directory to check and plan for")
+    parser.add_argument("--json", action="store_true")
+    for _name, fn in extra_checks():
+        add = getattr(fn, "add_arguments", None)
+        if add is not None:
+            add(parser)
+
+
+def run_checks(model_dir: str | None = None, args: argparse.Namespace | None = None) -> list[Check]:
     checks: list[tuple[str, Callable[[], Check]]] = [
         ("python", check_python), ("torch", check_torch), ("cuda", check_cuda_runtime),
         ("triton", check_triton), ("ptxas", check_ptxas), ("vllm", check_vllm), ("gpus", check_gpus),
@@ -213,7 +247,11 @@ def run_checks(model_dir: str | None = None) -> list[Check]:
     ]
     if model_dir:
         checks.append(("model", lambda: check_model(model_dir)))
-    checks.extend((name, (lambda fn=fn: fn(model_dir))) for name, fn in extra_checks())
+    for name, fn in extra_checks():
+        if getattr(fn, "add_arguments", None) is not None:
+            checks.append((name, (lambda fn=fn: fn(model_dir, args))))
+        else:
+            checks.append((name, (lambda fn=fn: fn(model_dir))))
     out = []
     for name, fn in checks:
         try:

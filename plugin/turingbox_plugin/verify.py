@@ -18,13 +18,61 @@ _RESOURCE_RE = {
 }
 
 
+# The architectures the appliance plans for (Turing, Ampere, Ada, Hopper, Blackwell datacenter and consumer);
+# `verify --compile-only` refuses any other, since no plan would ever run its kernels there.
+SUPPORTED_ARCHS = (75, 80, 86, 89, 90, 100, 120)
+
+
+def arch_label(arch: int) -> str:
+    """75 -> "7.5", 100 -> "10.0"."""
+    return f"{arch // 10}.{arch % 10}"
+
+
+def _supported_list() -> str:
+    labels = [arch_label(a) for a in SUPPORTED_ARCHS]
+    return ", ".join(labels[:-1]) + " and " + labels[-1]
+
+
 def parse_arch(text: str) -> int:
-    """"7.5" / "75" / "sm_75" -> 75."""
+    """"7.5" / "75" / "sm_75" / "sm_90a" -> 75 / 90 (any compute capability; see supported_arch)."""
     t = str(text).strip().lower().removeprefix("sm_").removeprefix("sm")
+    t = t[:-1] if len(t) > 1 and t[-1] in "af" and t[-2].isdigit() else t   # sm_90a / sm_120f: the same chip
     m = re.fullmatch(r"(\d+)\.(\d)", t) or re.fullmatch(r"(\d)(\d)", t) or re.fullmatch(r"(\d\d)(\d)", t)
     if not m:
-        raise ToolError(f"--arch {text!r} is invalid: use a compute capability such as 7.5 or 8.0.")
+        raise ToolError(f"--arch {text!r} is invalid: use a compute capability such as 7.5 or 9.0 "
+                        f"(supported: {_supported_list()}).")
     return int(m.group(1)) * 10 + int(m.group(2))
+
+
+def supported_arch(text: str) -> int:
+    """parse_arch, refusing an architecture outside SUPPORTED_ARCHS in one sentence (exit 2)."""
+    arch = parse_arch(text)
+    if arch not in SUPPORTED_ARCHS:
+        raise ToolError(f"--arch {text} (sm_{arch}) is not supported: verify --compile-only compiles for "
+                        f"{_supported_list()}.")
+    return arch
+
+
+def ptx_target(ptx: str, arch: int) -> str:
+    """The `.target` the PTX names: Triton 3.6 writes sm_90a, sm_100a and sm_120a from Hopper on (its
+    sm_arch_from_capability), and ptxas refuses to build sm_90a PTX for plain sm_90."""
+    m = re.search(r"^\s*\.target\s+(sm_\d+[af]?)", ptx, re.M)
+    return m.group(1) if m else f"sm_{arch}"
+
+
+def ptxas_for(arch: int) -> str | None:
+    """The ptxas Triton itself runs for `arch`: from sm_100 its ptxas-blackwell (CUDA 12.9), because the
+    bundled ptxas (CUDA 12.8) reads PTX up to 8.7 and Triton writes 8.8 there. Honours Triton's
+    TRITON_PTXAS_PATH / TRITON_PTXAS_BLACKWELL_PATH through its own knobs."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        path = get_ptxas(arch).path
+        if path and os.path.exists(path):
+            return path
+    except Exception:  # noqa: BLE001 - an older or partial Triton: fall back to the doctor's lookup
+        pass
+    from turingbox_plugin.doctor import ptxas_path
+    return ptxas_path()
 
 
 def parse_ptxas_resources(log: str) -> dict[str, int]:
@@ -36,21 +84,22 @@ def parse_ptxas_resources(log: str) -> dict[str, int]:
     return out
 
 
-def ptxas_resources(ptx: str, arch: int) -> dict[str, int]:
-    from turingbox_plugin.doctor import ptxas_path
-
-    path = ptxas_path()
+def ptxas_resources(ptx: str, arch: int) -> dict[str, Any]:
+    """Registers, spills and stack of one kernel's PTX, built by the ptxas Triton uses for `arch` and for
+    the target the PTX names (sm_90a on Hopper); "target" says which."""
+    path = ptxas_for(arch)
     if not path:
         raise RuntimeError("no ptxas (set TRITON_PTXAS_PATH)")
+    target = ptx_target(ptx, arch)
     with tempfile.TemporaryDirectory() as d:
         src = os.path.join(d, "k.ptx")
         with open(src, "w") as f:
             f.write(ptx)
-        r = subprocess.run([path, f"-arch=sm_{arch}", "-v", src, "-o", os.path.join(d, "k.cubin")],
+        r = subprocess.run([path, f"-arch={target}", "-v", src, "-o", os.path.join(d, "k.cubin")],
                            capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         raise RuntimeError((r.stderr or r.stdout).strip().splitlines()[-1] if (r.stderr or r.stdout) else "ptxas failed")
-    return parse_ptxas_resources(r.stdout + r.stderr)
+    return {**parse_ptxas_resources(r.stdout + r.stderr), "target": target}
 
 
 def compile_one(name: str, fn: Any, signature: dict, constexprs: dict, arch: int,
@@ -59,7 +108,7 @@ def compile_one(name: str, fn: Any, signature: dict, constexprs: dict, arch: int
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    row: dict[str, Any] = {"name": name, "arch": f"{arch // 10}.{arch % 10}", "ok": False}
+    row: dict[str, Any] = {"name": name, "arch": arch_label(arch), "ok": False}
     try:
         options = {"num_warps": num_warps} if num_warps else {}
         k = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
@@ -67,8 +116,9 @@ def compile_one(name: str, fn: Any, signature: dict, constexprs: dict, arch: int
         row["shared_bytes"] = int(k.metadata.shared)
         row["num_warps"] = int(k.metadata.num_warps)
         res = ptxas_resources(k.asm["ptx"], arch)
-        row.update(registers=res["registers"], spills=res["spills"], stack_bytes=res["stack_bytes"])
-        limit = 65536 if arch < 80 else (101376 if arch in (86, 89) else 166912 if arch == 80 else 232448)
+        row.update(registers=res["registers"], spills=res["spills"], stack_bytes=res["stack_bytes"],
+                   target=res["target"])
+        limit = shared_limit(arch)
         row["shared_limit_bytes"] = limit
         row["ok"] = row["shared_bytes"] <= limit
         if not row["ok"]:
@@ -86,7 +136,7 @@ def shared_limit(arch: int) -> int:
 def compile_report(arch_text: str) -> list[dict[str, Any]]:
     """One table for an arch: the plugin's Triton kernels, the turbo GDN kernels, then the rows of every
     COMPILE_REPORTS_GROUP entry point (the appliance's AOT Triton specializations and FlashInfer modules)."""
-    arch = parse_arch(arch_text)
+    arch = supported_arch(arch_text)
     from turingbox_plugin.kernels import COMPILE_SPECS
 
     rows = [compile_one(name, fn, sig, cx, arch) for name, (fn, sig, cx) in COMPILE_SPECS.items()]
@@ -96,7 +146,7 @@ def compile_report(arch_text: str) -> list[dict[str, Any]]:
         gdn = None
     if gdn is not None and hasattr(gdn, "compile_report"):
         try:
-            rows.extend(gdn.compile_report(f"{arch // 10}.{arch % 10}"))
+            rows.extend(gdn.compile_report(arch_label(arch)))
         except Exception as exc:
             rows.append({"name": "turingbox_plugin.gdn", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
     for name, fn in extra_compile_reports():

@@ -45,12 +45,22 @@ def client():
 def base(client):
     image = os.environ.get("TURINGBOX_BAKE_TEST_IMAGE")
     if image:
-        return image
+        yield image                       # the operator's image: never removed
+        return
     import python_image
     why = python_image.available()
     if why:
         pytest.skip(why)
-    return python_image.ensure(client)
+    before = {t for img in client.images.list(name=python_image.REPOSITORY) for t in img.tags}
+    tag = python_image.ensure(client)
+    yield tag
+    # The tiny base is a throwaway: remove it when this run built it (an existing one of the same contents may be
+    # a concurrent run's). The derived images, built FROM it, are gone already (the function-scoped `made`).
+    if tag not in before:
+        try:
+            client.images.remove(tag)
+        except Exception as exc:  # noqa: BLE001 - cleanup must not turn a passing run into an error
+            print(f"could not remove the test base image {tag}: {exc}")
 
 
 @pytest.fixture(scope="module")

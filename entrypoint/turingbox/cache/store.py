@@ -54,6 +54,9 @@ MAX_INCOMPLETE_ATTEMPTS = 2
 MIN_FREE_BYTES = 1 << 30
 # entry_problems' verdict on an interrupted seed: a normal miss, not corruption (verify and bake tell them apart).
 INCOMPLETE = "entry is incomplete (its manifest was never completed)"
+# ... and on an entry completed by a start that never reached a real engine (a stand-in, before issue 34 part 4
+# kept such starts from completing it): nothing in it to hit, so also a miss, never corruption.
+NO_ARTEFACTS = "entry holds no compile artefacts (the start that completed it never reached a real engine)"
 
 # cache_dir, baked_cache_dir, cache_lock_wait, aot_triton_dir, aot_flashinfer_dir, aot_modelinfos_dir: declared in
 # turingbox.settings
@@ -166,6 +169,42 @@ def measure(entry: str) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
     return sizes, index
 
 
+def _stamps(entry: str):
+    """(path relative to the entry, [size, mtime_ns]) of every file in the entry's caches, lazily."""
+    for sub, _var in CACHES.values():
+        for dirpath, _dirs, files in os.walk(os.path.join(entry, sub)):
+            for name in files:
+                path = os.path.join(dirpath, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                yield os.path.relpath(path, entry), [st.st_size, st.st_mtime_ns]
+
+
+def cache_file_stamps(entry: str) -> dict[str, list[int]]:
+    return dict(_stamps(entry))
+
+
+def seeded_files(manifest: Mapping[str, Any] | None) -> dict[str, list[int]]:
+    """The files turingbox itself put into the entry (AOT Triton kernels, vLLM model infos, prebuilt FlashInfer
+    modules), as [size, mtime_ns] when seeded: manifest "seeded_files". Not the engine's work."""
+    files = (manifest or {}).get("seeded_files")
+    return {k: v for k, v in files.items() if isinstance(v, list)} if isinstance(files, dict) else {}
+
+
+def has_engine_artefacts(entry: str, manifest: Mapping[str, Any] | None = None) -> bool:
+    """Whether an engine wrote anything into the entry's caches: a file that turingbox did not seed (or a seeded
+    one rewritten since) and that is not one of vLLM's model-info files (facts about model classes, no compile).
+    A real vLLM start on a miss always writes some (torch.compile graphs, Triton kernels and autotune results,
+    FlashInfer modules); the stand-in engine (tests/fakes/fake_vllm.py) and a start that died first write none."""
+    manifest = read_manifest(entry) if manifest is None else manifest
+    seeded = seeded_files(manifest)
+    infos = os.path.join(CACHES["vllm"][0], MODELINFOS) + os.sep
+    # the first such file answers: a hit entry's thousands of files are not all stat'ed again
+    return any(seeded.get(path) != stamp and not path.startswith(infos) for path, stamp in _stamps(entry))
+
+
 def entry_problems(entry: str, key: str, deep: bool = False) -> list[str]:
     """Everything wrong with a completed entry: manifest, indexed files, and (deep) JSON files.
 
@@ -200,6 +239,8 @@ def entry_problems(entry: str, key: str, deep: bool = False) -> list[str]:
             continue
         if size and not actual:
             problems.append(f"{rel} is empty (was {size} bytes)")
+    if not problems and not has_engine_artefacts(entry, manifest):
+        return [NO_ARTEFACTS]
     if deep:
         for rel, _size in walk_files(entry):
             if rel.endswith(".json") and rel not in (MANIFEST, INDEX):
@@ -374,8 +415,10 @@ def _swap(staging: str, dst: str) -> None:
 class CacheSession:
     """What serve/warmup use: `.env` for the vLLM process, `.status` for logs and metrics.
 
-    `finish(ok)` completes the manifest (ok=True) and releases the writer lock; call it once the
-    engine is warm (strict warmup passed) or has failed. It is idempotent and never raises.
+    `finish(ok)` completes the manifest (ok=True, and only when the engine wrote compile artefacts into the
+    entry: a start on a stand-in engine must not leave a "complete" empty entry that later starts count as a
+    hit) and releases the writer lock; call it once the engine is warm (strict warmup passed) or has failed.
+    `status["completed"]` says whether it completed. It is idempotent and never raises.
     `close()` ends the session when the process exits, after the engine has stopped: it finishes an
     unfinished session as failed and deletes the temporary copy of private/cold modes, so restarts
     do not pile copies up in TMPDIR. The shared volume is never deleted.
@@ -401,18 +444,25 @@ class CacheSession:
             if self._finished:
                 return self.status
             self._finished = True
+            completed = bool(ok)
             try:
                 if self.mode == "shared":
-                    self._finish_shared(ok)
+                    completed = self._finish_shared(ok)
                 elif self.mode == "private" and ok and self.root:
-                    self._publish_private()
+                    # only engine work is worth publishing to the volume (see has_engine_artefacts)
+                    completed = has_engine_artefacts(self.entry)
+                    if completed:
+                        self._publish_private()
+                    else:
+                        _event(self.status, logging.WARNING, no_artefacts_sentence(self.key))
             except OSError as exc:  # a full or vanished volume must not take serve down
+                completed = False
                 _event(self.status, logging.WARNING, f"cache entry {self.key} could not be completed: {exc}")
             finally:
                 if self._lock is not None:
                     self._lock.release()
                     self._lock = None
-            self.status["completed"] = bool(ok)
+            self.status["completed"] = completed
             return self.status
 
     def close(self, wait: bool = True) -> None:
@@ -425,12 +475,15 @@ class CacheSession:
         if temp:
             shutil.rmtree(temp, ignore_errors=True)
 
-    def _finish_shared(self, ok: bool) -> None:
+    def _finish_shared(self, ok: bool) -> bool:
         manifest = read_manifest(self.entry) or {}
         if not ok:
             _event(self.status, logging.WARNING,
                    f"cache entry {self.key} left incomplete after a failed start (attempt {manifest.get('attempts')})")
-            return
+            return False
+        if not has_engine_artefacts(self.entry, manifest):
+            _event(self.status, logging.WARNING, no_artefacts_sentence(self.key))
+            return False
         sizes, index = measure(self.entry)
         write_json_atomic(os.path.join(self.entry, INDEX), index)
         manifest["sizes"] = sizes
@@ -439,6 +492,7 @@ class CacheSession:
         write_json_atomic(os.path.join(self.entry, MANIFEST), manifest)
         self.status["sizes"] = sizes
         _event(self.status, logging.INFO, f"cache entry {self.key} complete: " + format_sizes(sizes))
+        return True
 
     def _publish_private(self) -> None:
         """A private run that warmed itself offers its result to the shared volume, if still wanted."""
@@ -460,6 +514,11 @@ class CacheSession:
             _event(self.status, logging.INFO, f"published privately warmed cache entry {self.key} to {shared}")
         finally:
             lock.release()
+
+
+def no_artefacts_sentence(key: str) -> str:
+    return (f"cache entry {key} left incomplete: the engine wrote no compile artefacts into it (a stand-in engine, "
+            "not vLLM?), so no later start may count it as a hit")
 
 
 def format_sizes(sizes: Mapping[str, Mapping[str, int]]) -> str:
@@ -589,6 +648,7 @@ def prepare_cache(plan: Any, cache_root: str | None = None, *, baked_root: str |
         temp_dir = os.path.dirname(entry) if mode != "shared" else None
         for sub, _var in CACHES.values():
             os.makedirs(os.path.join(entry, sub), exist_ok=True)
+        before = cache_file_stamps(entry) if result == "miss" else {}
         if result == "miss" and resolved["aot_triton_dir"]:
             added = seed_aot_kernels(resolved["aot_triton_dir"], os.path.join(entry, CACHES["triton"][0]))
             status["aot_kernels"] = added
@@ -608,6 +668,8 @@ def prepare_cache(plan: Any, cache_root: str | None = None, *, baked_root: str |
             if modules:
                 _event(status, logging.INFO, f"cache entry {key}: {modules} ahead-of-time FlashInfer modules from "
                        f"{resolved['aot_flashinfer_dir']}")
+        if result == "miss":
+            _record_seeded(entry, {p: st for p, st in cache_file_stamps(entry).items() if before.get(p) != st})
         status.update(mode=mode, entry=entry, result=result, source=source,
                       caches=_per_cache(entry, result == "hit"))
         verdict = ", ".join(f"{k} {v}" for k, v in status["caches"].items())
@@ -645,6 +707,15 @@ def prepare_cache(plan: Any, cache_root: str | None = None, *, baked_root: str |
         return session("cold", private, "hit" if src else "miss", src)
 
 
+def _record_seeded(entry: str, added: Mapping[str, list[int]]) -> None:
+    """Add what this session seeded to the manifest's seeded_files, so completion can tell it from engine work."""
+    manifest = read_manifest(entry)
+    if manifest is None or not added:
+        return
+    manifest["seeded_files"] = dict(sorted({**seeded_files(manifest), **added}.items()))
+    write_json_atomic(os.path.join(entry, MANIFEST), manifest)
+
+
 def _prepare_locked(root, key, inputs, entry, baked_entry, status, lock, session: Callable) -> CacheSession:
     if os.path.isdir(entry):
         manifest = read_manifest(entry)
@@ -654,8 +725,18 @@ def _prepare_locked(root, key, inputs, entry, baked_entry, status, lock, session
             manifest["last_hit"] = utc_now()
             write_json_atomic(os.path.join(entry, MANIFEST), manifest)
             return session("shared", entry, "hit", "volume", lock, root)
-        incomplete = manifest is not None and manifest_problem(manifest, key) is None and not manifest.get("completed")
-        if incomplete and manifest["attempts"] < MAX_INCOMPLETE_ATTEMPTS and not baked_entry:
+        empty = problems == [NO_ARTEFACTS]
+        incomplete = empty or (manifest is not None and manifest_problem(manifest, key) is None
+                               and not manifest.get("completed"))
+        if empty:
+            _event(status, logging.INFO, f"cache entry {key} was completed by a start that wrote no compile artefacts "
+                   "(a stand-in engine): treating it as a miss")
+            manifest["completed"] = None
+        # Partial contents may be what makes the engine fail, so repeated failures quarantine them; an entry
+        # without engine artefacts holds nothing that could.
+        resumable = incomplete and (manifest["attempts"] < MAX_INCOMPLETE_ATTEMPTS
+                                    or not has_engine_artefacts(entry, manifest))
+        if incomplete and resumable and not baked_entry:
             # An interrupted seed: its files are sound (every tool writes atomically); resume it.
             manifest["attempts"] += 1
             manifest["last_attempt"] = utc_now()

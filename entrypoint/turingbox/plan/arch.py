@@ -41,10 +41,11 @@ class ArchRules:
 
 
 def check_supported(gpu: Gpu) -> str | None:
-    """Why this GPU cannot serve at all (None when it can)."""
+    """Why this GPU cannot serve at all (None when it can). A phrase that follows "<GPU name> has": the
+    planner says "no usable GPU: <name> has <this>." and lists it as an excluded GPU's reason."""
     if gpu.sm < MIN_SM:
-        return (f"compute capability {gpu.compute_capability} is below 7.5, the oldest that FlashInfer "
-                "and vLLM 0.21's AWQ-Marlin support")
+        return (f"compute capability {gpu.compute_capability} ({gpu.arch}), below the minimum of "
+                f"{MIN_SM // 10}.{MIN_SM % 10} (sm_{MIN_SM}) that FlashInfer and vLLM 0.21's AWQ-Marlin need")
     return None
 
 

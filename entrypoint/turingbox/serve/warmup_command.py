@@ -78,8 +78,11 @@ def describe_entries(root: str, verify: bool = False) -> list[dict[str, Any]]:
     for key, manifest in store.list_entries(root).items():
         m = manifest or {}
         sizes = m.get("sizes") or {}
+        completed = bool(m.get("completed")) and not store.manifest_problem(m, key)
+        # completed by a start that never reached a real engine (a stand-in): nothing a start could hit
+        empty = completed and not store.has_engine_artefacts(store.entry_dir(root, key), m)
         row = {
-            "key": key, "complete": bool(m.get("completed")) and not store.manifest_problem(m, key),
+            "key": key, "complete": completed and not empty, "empty": empty,
             "created": m.get("created"), "completed": m.get("completed"), "hits": m.get("hits", 0),
             "source": m.get("source"), "sizes": sizes,
             "bytes": sum(int(s.get("bytes", 0)) for s in sizes.values() if isinstance(s, Mapping)),
@@ -97,7 +100,7 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
     if rows:
         print(f"{'KEY':<18}{'COMPLETE':<10}{'CREATED':<22}{'HITS':>6}{'SIZE MiB':>10}  CACHES")
     for r in rows:
-        state = "yes" if r["complete"] else ("corrupt" if not r["manifest_ok"] else "no")
+        state = "yes" if r["complete"] else ("corrupt" if not r["manifest_ok"] else "empty" if r.get("empty") else "no")
         if r.get("verified") is False and state == "yes":
             state = "corrupt"
         per = " ".join(f"{k}={v.get('bytes', 0) / 2**20:.1f}" for k, v in r["sizes"].items())
@@ -146,7 +149,8 @@ def run_verify(args) -> int:
     report, corrupt = {}, 0
     for key in keys:
         problems = store.entry_problems(store.entry_dir(root, key), key, deep=True)
-        incomplete = problems == [store.INCOMPLETE]
+        # an interrupted seed, or an entry no real engine wrote to: misses, not corruption
+        incomplete = problems in ([store.INCOMPLETE], [store.NO_ARTEFACTS])
         report[key] = {"ok": not problems, "incomplete": incomplete, "problems": problems}
         corrupt += bool(problems) and not incomplete
     if args.json:
@@ -220,6 +224,13 @@ def _seed(args, plan: Plan, session: store.CacheSession, values: Mapping[str, An
         raise SeedFailed(f"Seeding cache entry {session.key} failed: {exc.__class__.__name__}: {exc}") from None
     finally:
         session.finish(ok)
+    if session.mode == "shared" and not session.status.get("completed"):
+        if not store.has_engine_artefacts(session.entry):
+            raise SeedFailed(f"Seeding cache entry {session.key} left it incomplete: the engine wrote no compile "
+                             f"artefacts into {session.entry} ({settings.REGISTRY['vllm_command'].env_name} "
+                             "names a stand-in rather than vLLM?).")
+        raise SeedFailed(f"Seeding cache entry {session.key} warmed the engine, but the entry could not be completed "
+                         f"({(session.status.get('events') or ['no reason recorded'])[-1]}).")
     stage("complete")
     _print_result(session, plan)
     if session.mode != "shared":
