@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
 """A stand-in for `vllm serve` in tests: a real HTTP server process speaking enough of vLLM's
-OpenAI API (/health, /v1/models, /v1/chat/completions, /v1/completions; SSE streams) to test the
-sidecar, with switches for the faults serve must survive.
+OpenAI API (/health, /v1/models, /v1/chat/completions, /v1/completions, a non-streaming /v1/responses;
+SSE streams; n choices) to test the sidecar, with switches for the faults serve must survive.
 
 Takes the vllm CLI's argv shape: `fake_vllm.py serve MODEL --host H --port P [vllm flags...]`
-(unknown vllm flags are ignored). Like vLLM 0.21 it binds its port first and answers only once
+(unknown vllm flags are ignored; --served-model-name takes one or more names, as vLLM's nargs='+').
+
+A request's answer is max_tokens tokens long (`tok0 tok1 ...`; a model that never stops), `chunks` when it sets
+none, or eos-after when that is shorter. Each "request" event records the body's n, max_tokens,
+max_completion_tokens, max_output_tokens, model, stream, use_beam_search, best_of and temperature as the fake
+received them. A request
+whose client goes away (connection closed) before its answer is complete, stream or not, gets a "cancelled"
+event: vLLM 0.21 aborts such a request (its disconnect handling), so this is the record of an abort. Like vLLM 0.21 it binds its port first and answers only once
 its (simulated) engine is up, printing vLLM's own stage log lines on the way. Like the
 turingbox plugin, it writes `<runtime_dir>/worker-<rank>.json` for each TP rank.
 
@@ -13,6 +20,9 @@ variable FAKE_VLLM_NAME (upper case, '-' -> '_'):
   stage-seconds F     time spent in each of loading / compiling / capturing (0)
   startup-seconds F   extra delay before loading starts: a slow start (0)
   chunks N            content chunks per response when the request sets no max_tokens (5)
+  eos-after N         the answer ends (finish_reason "stop") after N tokens even when max_tokens allows more (0: never)
+  check-model 1       like vLLM 0.21 (_check_model): a request naming a model that is not one of the served names
+                      gets 404 NotFoundError, param "model" (0, the default: any name; older tests send "m")
   chunk-delay F       seconds before each chunk (0)
   first-chunk-delay F seconds between the response headers and the first chunk: prefill (0)
   role-chunk 1        chat streams start like vLLM's: a role-only chunk (content "") written right
@@ -64,7 +74,10 @@ DEFAULTS = {
     # "compiled" / "loaded": log vLLM 0.21's line for two torch.compile graphs compiled or loaded from its cache
     "graphs": "",
     "keepalive-race-methods": "GET",
+    "eos-after": "0", "check-model": "0",
 }
+RECORDED_FIELDS = ("n", "max_tokens", "max_completion_tokens", "max_output_tokens", "model", "stream", "use_beam_search",
+                   "best_of", "temperature")
 # vLLM 0.21's own message (sampling_params.py, _validate_spec_decode).
 SPEC_DECODE_REFUSAL = "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
 
@@ -79,13 +92,29 @@ def flag_value(argv: list[str], flag: str) -> str | None:
     return value
 
 
+def flag_values(argv: list[str], flag: str) -> list[str]:
+    """An nargs='+' flag's values (the last occurrence wins, as argparse does)."""
+    values: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == flag:
+            values = []
+            for v in argv[i + 1:]:
+                if v.startswith("-"):
+                    break
+                values.append(v)
+        elif arg.startswith(flag + "="):
+            values = [arg.split("=", 1)[1]]
+    return values
+
+
 def parse(argv: list[str]) -> dict:
     if len(argv) < 2 or argv[0] != "serve":
         sys.exit("fake_vllm: usage: fake_vllm.py serve MODEL --host H --port P ...")
+    names = flag_values(argv, "--served-model-name") or [argv[1]]
     opts = {"model": argv[1],
             "host": flag_value(argv, "--host") or "127.0.0.1",
             "port": int(flag_value(argv, "--port") or 8000),
-            "served": flag_value(argv, "--served-model-name") or argv[1],
+            "served": names[0], "served_names": names,
             "tp": int(flag_value(argv, "--tensor-parallel-size") or 1),
             "api_key": flag_value(argv, "--api-key"),
             "speculative": flag_value(argv, "--speculative-config") is not None}
@@ -226,8 +255,8 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/models":
             if self._authorized():
                 self._json(200, {"object": "list", "data": [
-                    {"id": O["served"], "object": "model", "created": int(time.time()), "owned_by": "vllm",
-                     "root": O["model"], "max_model_len": 4096}]})
+                    {"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+                     "root": O["model"], "max_model_len": 4096} for name in O["served_names"]]})
         else:
             self._json(404, {"error": {"message": f"no route {self.path}", "type": "NotFoundError", "code": 404}})
 
@@ -237,7 +266,7 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(length)
-        if path in ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions"):
+        if path in ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/responses"):
             self._json(405, {"detail": "Method Not Allowed"})
         else:
             self._json(404, {"detail": "Not Found"})
@@ -269,7 +298,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, {"count": len(tokens), "max_model_len": int(O["max-model-len"]),
                              "tokens": tokens, "token_strs": None})
             return
-        if path not in ("/v1/chat/completions", "/v1/completions"):
+        if path not in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
             self._json(404, {"error": {"message": f"no route {path}", "type": "NotFoundError", "code": 404}})
             return
         if not self._authorized():
@@ -280,6 +309,13 @@ class Handler(BaseHTTPRequestHandler):
                 raise ValueError("not an object")
         except ValueError as exc:
             self._error_then_close(400, f"invalid JSON: {exc}", "BadRequestError")
+            return
+        model = body.get("model")
+        if O["check-model"] not in ("0", "") and model and model not in O["served_names"]:
+            # vLLM 0.21 serving.py _check_model: an empty or missing name means the first served model
+            event("request", id=0, path=path, refused=404, model=model)
+            self._json(404, {"error": {"message": f"The model `{model}` does not exist.", "type": "NotFoundError",
+                                       "param": "model", "code": 404}})
             return
         if O["fail-requests"] not in ("0", ""):
             event("request", id=0, path=path, failed=True)
@@ -305,7 +341,9 @@ class Handler(BaseHTTPRequestHandler):
         rid = next(_request_ids)
         chat = path.endswith("chat/completions")
         try:
-            n = int(body.get("max_tokens") or body.get("max_completion_tokens") or O["chunks"])
+            n = int(body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
+                    or O["chunks"])
+            choices = int(body.get("n") or 1)
             if n < 1:
                 self._error_then_close(400, f"max_tokens must be at least 1, got {n}.", "BadRequestError")
                 return
@@ -314,33 +352,61 @@ class Handler(BaseHTTPRequestHandler):
             self._error_then_close(400, "1 validation error: max_tokens: Input should be a valid integer "
                                         f"[input_value={json.dumps(body)}]", "BadRequestError")
             return
-        stream = bool(body.get("stream"))
+        stream = bool(body.get("stream")) and path != "/v1/responses"
         event("request", id=rid, path=path, query=query, stream=stream, chunks=n, bytes=len(raw),
               authorization=self.headers.get("Authorization"), request_headers=dict(self.headers.items()),
-              allowed_token_ids=body.get("allowed_token_ids"))
+              allowed_token_ids=body.get("allowed_token_ids"),
+              body={k: body[k] for k in RECORDED_FIELDS if k in body})
+        eos = int(O["eos-after"])
+        finish = "stop" if eos and eos < n else "length"
+        n = min(n, eos) if eos else n
         if stream:
-            self._stream(rid, chat, n, bool((body.get("stream_options") or {}).get("include_usage")))
+            self._stream(rid, chat, n, bool((body.get("stream_options") or {}).get("include_usage")), choices, finish)
         else:
-            time.sleep(float(O["first-chunk-delay"]) + float(O["chunk-delay"]) * n)
+            # "Generate" while watching the client, as vLLM's with_cancellation does: a client that leaves aborts it.
+            if not self._wait(float(O["first-chunk-delay"]) + float(O["chunk-delay"]) * n):
+                event("cancelled", id=rid, chunks_sent=0)
+                self.close_connection = True
+                return
             text = "".join(f"tok{i} " for i in range(n))
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
-                      if chat else {"index": 0, "text": text, "finish_reason": "length"})
+            if path == "/v1/responses":
+                self._json(200, {"id": f"resp-fake-{rid}", "object": "response", "created_at": int(time.time()),
+                                 "model": O["served"], "status": "completed", "output": [
+                                     {"type": "message", "role": "assistant", "id": f"msg-{rid}", "status": "completed",
+                                      "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+                                 "usage": {"input_tokens": 3, "output_tokens": n, "total_tokens": n + 3}})
+                event("completed", id=rid, chunks=n)
+                return
+            choice = [{"index": c, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+                      if chat else {"index": c, "text": text, "finish_reason": finish} for c in range(choices)]
             prompt_tokens = 3
             if not chat and body.get("prompt_logprobs") is not None:
                 # like vLLM: one entry per prompt token (a word here), None for the first
                 prompt_tokens = max(1, len(str(body.get("prompt") or "").split()))
-                choice["prompt_logprobs"] = [None] + [{"1": {"logprob": -1.0, "rank": 1, "decoded_token": "w"}}] * (
-                    prompt_tokens - 1)
+                for c in choice:
+                    c["prompt_logprobs"] = [None] + [{"1": {"logprob": -1.0, "rank": 1, "decoded_token": "w"}}] * (
+                        prompt_tokens - 1)
             self._json(200, {"id": f"cmpl-fake-{rid}", "object": "chat.completion" if chat else "text_completion",
-                             "created": int(time.time()), "model": O["served"], "choices": [choice],
-                             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
-                                       "total_tokens": n + prompt_tokens}})
+                             "created": int(time.time()), "model": O["served"], "choices": choice,
+                             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n * choices,
+                                       "total_tokens": n * choices + prompt_tokens}})
             event("completed", id=rid, chunks=n)
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
-    def _stream(self, rid: int, chat: bool, n: int, usage: bool) -> None:
+    def _wait(self, seconds: float) -> bool:
+        """Sleep `seconds` in short steps; False as soon as the client has gone."""
+        end = time.monotonic() + seconds
+        while True:
+            if client_gone(self.connection):
+                return False
+            left = end - time.monotonic()
+            if left <= 0:
+                return True
+            time.sleep(min(left, 0.02))
+
+    def _stream(self, rid: int, chat: bool, n: int, usage: bool, choices: int = 1, finish: str = "length") -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Transfer-Encoding", "chunked")
@@ -351,8 +417,10 @@ class Handler(BaseHTTPRequestHandler):
         sent = 0
         try:
             for i in range(n):
-                if i == 0 and first_delay:
-                    time.sleep(first_delay)
+                if i == 0 and first_delay and not self._wait(first_delay):
+                    event("cancelled", id=rid, chunks_sent=sent)
+                    self.close_connection = True
+                    return
                 if delay:
                     time.sleep(delay)
                 if client_gone(self.connection):
@@ -364,22 +432,23 @@ class Handler(BaseHTTPRequestHandler):
                             "model": O["served"], "fake_seq": -1, "choices": [
                                 {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
                     self._chunk(b"data: " + json.dumps(role).encode() + b"\n\n")
-                if chat:
-                    delta = {"content": f"tok{i} "} if i else {"role": "assistant", "content": "tok0 "}
-                    choice = {"index": 0, "delta": delta, "finish_reason": "length" if i == n - 1 else None}
-                    obj = "chat.completion.chunk"
-                else:
-                    choice = {"index": 0, "text": f"tok{i} ", "finish_reason": "length" if i == n - 1 else None}
-                    obj = "text_completion"
-                payload = {"id": f"cmpl-fake-{rid}", "object": obj, "created": int(time.time()),
-                           "model": O["served"], "choices": [choice], "fake_seq": i, "fake_sent_at": time.time()}
-                self._chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
+                for c in range(choices):        # with n > 1, one chunk per choice at each step, as vLLM interleaves
+                    if chat:
+                        delta = {"content": f"tok{i} "} if i else {"role": "assistant", "content": "tok0 "}
+                        choice = {"index": c, "delta": delta, "finish_reason": finish if i == n - 1 else None}
+                        obj = "chat.completion.chunk"
+                    else:
+                        choice = {"index": c, "text": f"tok{i} ", "finish_reason": finish if i == n - 1 else None}
+                        obj = "text_completion"
+                    payload = {"id": f"cmpl-fake-{rid}", "object": obj, "created": int(time.time()),
+                               "model": O["served"], "choices": [choice], "fake_seq": i, "fake_sent_at": time.time()}
+                    self._chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
                 sent += 1
                 if die_after and sent == die_after:
                     die(f"after {sent} chunks of request {rid}")
             if usage:
                 u = {"id": f"cmpl-fake-{rid}", "object": "chat.completion.chunk", "choices": [],
-                     "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}}
+                     "usage": {"prompt_tokens": 3, "completion_tokens": n * choices, "total_tokens": n * choices + 3}}
                 self._chunk(b"data: " + json.dumps(u).encode() + b"\n\n")
             self._chunk(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from turingbox.gpus.inventory import NvmlTelemetry
 from turingbox.serve import stages
+from turingbox.serve.admission import REASONS as ADMISSION_REASONS
 
 log = logging.getLogger("turingbox.serve")
 
@@ -68,6 +69,12 @@ class ServeMetrics:
         self.in_flight = Gauge("turingbox_proxy_in_flight_requests", "Requests being proxied now", registry=r)
         self.rejected = Counter("turingbox_proxy_rejected", "Requests refused by the sidecar, by reason",
                                 ["reason"], registry=r)
+        # serve/admission.py's limits: 400 (n, max_tokens, total_tokens), 429 (concurrency, per_key), 504 (timeout)
+        self.admission_refused = Counter("turingbox_admission_refused",
+                                         "Requests refused or cut off by the admission limits, by reason",
+                                         ["reason"], registry=r)
+        for reason in ADMISSION_REASONS:     # present from the start, so rate() and alerts see the first one
+            self.admission_refused.labels(reason)
         self.upstream_errors = Counter("turingbox_upstream_errors", "Failures talking to vLLM, by kind",
                                        ["kind"], registry=r)
         self.client_disconnects = Counter("turingbox_proxy_client_disconnects",

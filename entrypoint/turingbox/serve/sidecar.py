@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from turingbox.serve import stages
+from turingbox.serve import admission, stages
 from turingbox.serve.metrics import ServeMetrics, route_label
 from turingbox.serve.options import ServeOptions
 
@@ -105,9 +105,13 @@ def _error(status: int, message: str, kind: str, headers: dict | None = None, **
     return JSONResponse(_error_body(status, message, kind, **extra), status_code=status, headers=headers)
 
 
+def sse_event(body: dict) -> bytes:
+    """An error event as vLLM itself sends one when a stream fails, followed by [DONE]."""
+    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
+
+
 def sse_error_event(message: str, status: int = 502) -> bytes:
-    """The error event vLLM itself sends when a stream fails, followed by [DONE]."""
-    return b"data: " + json.dumps(_error_body(status, message, "upstream_error")).encode() + b"\n\ndata: [DONE]\n\n"
+    return sse_event(_error_body(status, message, "upstream_error"))
 
 
 # What the upstream pool raises when vLLM cannot be reached or breaks an exchange off.
@@ -124,6 +128,7 @@ _RETRY_ERRORS = (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.Writ
 # appends the appliance's remedy to the sentence (plain text without quotes: valid inside the JSON string).
 _SPEC_DECODE_REFUSAL = b"not yet supported with speculative decoding."
 _MAX_ERROR_BODY = 64 * 1024          # error bodies rewritten whole; larger ones (echoed input) pass as they are
+_PARSE_INLINE_BYTES = 256 * 1024     # larger bodies are parsed in a thread: a 32 MiB json.loads takes the loop ~0.3 s
 
 
 def spec_remedy(plan: dict | None) -> bytes:
@@ -324,6 +329,9 @@ class Sidecar:
         self._upstream: tuple[str, bytes, bytes, int] | None = None     # (url, scheme, host, port)
         self._remedy_for: dict | None = None       # the plan _remedy_text was made for
         self._remedy_text = b""
+        self.gate = admission.Gate()
+        self._limits_key: tuple | None = None      # (settings, plan numbers) the limits were made for
+        self._limits: admission.Limits | None = None
         self.app = self._build_app()
 
     async def __call__(self, scope, receive, send) -> None:
@@ -354,6 +362,33 @@ class Sidecar:
     def unauthorized(self) -> JSONResponse:
         self.metrics.rejected.labels("unauthorized").inc()
         return _error(401, _NEED_KEY, "invalid_request_error", headers={"WWW-Authenticate": "Bearer"})
+
+    # -- admission limits (serve/admission.py)
+
+    def limits(self) -> admission.Limits | None:
+        """The limits for the plan being served (None before there is one); logged once per plan."""
+        plan = self.state.plan or {}
+        values = admission.settings_of(self.state.options)
+        key = (tuple(values.values()), plan.get("max_num_seqs"), plan.get("max_model_len"),
+               plan.get("data_parallel_size"))
+        if key != self._limits_key:
+            self._limits_key, self._limits = key, admission.limits_from_plan(values, plan)
+            if self._limits is not None:
+                log.info("admission limits %s",
+                         json.dumps(self._limits.as_dict(), sort_keys=True, separators=(",", ":")))
+        return self._limits
+
+    async def _admit(self, limits: admission.Limits, route: str, body: bytes) -> admission.Admission:
+        try:
+            parsed = json.loads(body) if len(body) <= _PARSE_INLINE_BYTES else await asyncio.to_thread(json.loads, body)
+        except (ValueError, RecursionError):
+            return admission.Admission(body=body)          # not JSON: vLLM's own 400 says so
+        return admission.admit(limits, route, body, parsed)
+
+    async def _refuse(self, send, refusal: admission.Refusal) -> str:
+        self.metrics.admission_refused.labels(refusal.reason).inc()
+        await _send_json(send, refusal.status, refusal.body(), refusal.headers())
+        return str(refusal.status)
 
     # -- FastAPI: health, metrics, plan (and the /v1 route, for the schema only)
 
@@ -406,17 +441,35 @@ class Sidecar:
                 return JSONResponse(st.not_ready_body(), status_code=503)
             return JSONResponse(st.plan)
 
+        # Out of the schema for now: tests/reliability/test_http_bad_input.py pins the schema's path set.
+        @app.get("/turingbox/limits", summary="The admission limits of /v1 (n, max_tokens, total tokens, "
+                                              "concurrency, timeout) and which came from the plan",
+                 include_in_schema=False,
+                 responses={200: {"description": "the limits (serve/admission.py Limits)", **_JSON_OBJECT},
+                            503: {"model": NotReady, "description": "not planned yet"}, **_UNAUTHORIZED})
+        async def limits(request: Request) -> JSONResponse:
+            if not self.authorized(request):
+                return self.unauthorized()
+            current = self.limits()
+            if current is None:
+                return JSONResponse(st.not_ready_body(), status_code=503)
+            return JSONResponse({**current.as_dict(), "in_flight": self.gate.in_flight})
+
         # Never reached through __call__ (which proxies /v1/* before routing); declared so the schema
         # says what the public port offers.
         @app.api_route("/v1/{path:path}", methods=PROXY_METHODS, summary="OpenAI API of vLLM, proxied",
                        responses={200: {"description": "vLLM's answer, streamed through unchanged", **_JSON_OBJECT},
-                                  400: {"description": "vLLM refused the request", **_JSON_OBJECT},
+                                  400: {"description": "vLLM or the admission limits refused the request",
+                                        **_JSON_OBJECT},
                                   404: {"description": "vLLM has no such route or model", **_JSON_OBJECT},
                                   405: {"description": "method not allowed (by the sidecar or vLLM)", **_JSON_OBJECT},
                                   408: {"model": ErrorBody, "description": "the body stalled past client_timeout_seconds"},
                                   413: {"model": ErrorBody, "description": "body over max_request_bytes"},
+                                  429: {"model": ErrorBody, "description": "too many requests in flight "
+                                                                           "(max_concurrent_requests / _per_key)"},
                                   502: {"model": ErrorBody, "description": "vLLM did not answer"},
                                   503: {"model": ErrorBody, "description": "not ready, or draining"},
+                                  504: {"model": ErrorBody, "description": "ran past request_timeout_seconds"},
                                   **_UNAUTHORIZED})
         async def proxy(request: Request, path: str = Path(description="vLLM's route under /v1",
                                                             examples=["models", "chat/completions", "completions"])
@@ -482,17 +535,29 @@ class Sidecar:
                                                     estimate_s=body.get("estimate_s")),
                              {"Retry-After": st.retry_after()})
             return
+        limits = self.limits() if scope["method"] == "POST" else None     # GETs (models) cost vLLM nothing
+        key = None
+        if limits is not None:
+            key = admission.client_key(authorization if st.options.api_key else None, scope.get("client"))
+            refusal = self.gate.enter(limits, key)
+            if refusal is not None:
+                m.requests.labels(route, "429").inc()
+                await self._refuse(send, refusal)
+                return
         # Accepted: from here on the request counts for the drain.
         st.request_started()
         m.in_flight.inc()
         code = "000"
         try:
-            code = await self._forward(scope, receive, send, route, t0)
+            code = await self._forward(scope, receive, send, route, t0, limits)
         finally:
+            took = time.perf_counter() - t0
+            if key is not None:
+                self.gate.leave(key, took if code not in ("400", "408", "413", "499") else None)
             st.request_finished()
             m.in_flight.dec()
             m.requests.labels(route, code).inc()
-            m.latency.labels(route).observe(time.perf_counter() - t0)
+            m.latency.labels(route).observe(took)
 
     async def _read_body(self, scope, receive) -> bytes | int | None:
         """The request body; the limit (int) when it is too large, -1 when the client stalled; None when it left."""
@@ -515,7 +580,8 @@ class Sidecar:
             if not message.get("more_body", False):
                 return bytes(body)
 
-    async def _forward(self, scope, receive, send, route: str, t0: float) -> str:
+    async def _forward(self, scope, receive, send, route: str, t0: float,
+                       limits: admission.Limits | None = None) -> str:
         st, m = self.state, self.metrics
         body = await self._read_body(scope, receive)
         if body is None:
@@ -533,6 +599,15 @@ class Sidecar:
             await _send_json(send, 413, _error_body(413, f"The request body is larger than the limit of {body} "
                                                          "bytes (setting max_request_bytes).", "invalid_request_error"))
             return "413"
+        deadline = None
+        if limits is not None:
+            if route in admission.ROUTES:
+                admitted = await self._admit(limits, route, body)
+                if admitted.refusal is not None:
+                    return await self._refuse(send, admitted.refusal)
+                body = admitted.body
+            if limits.request_timeout_seconds > 0:
+                deadline = t0 + limits.request_timeout_seconds
         scheme, host, port = self._upstream_target()
         headers = [(b"host", b"%s:%d" % (host, port))]
         for k, v in scope["headers"]:
@@ -549,7 +624,7 @@ class Sidecar:
         request = httpcore.Request(scope["method"].encode(), httpcore.URL(scheme=scheme, host=host, port=port,
                                                                             target=target),
                                    headers=headers, content=body, extensions=_UPSTREAM_TIMEOUTS)
-        return await self._exchange(request, scope, receive, send, route, t0)
+        return await self._exchange(request, scope, receive, send, route, t0, limits if deadline else None, deadline)
 
     async def _send(self, request: httpcore.Request, fresh: list) -> httpcore.Response:
         """The pool's answer; once more on a new connection of its own when a pooled one was dead.
@@ -596,19 +671,27 @@ class Sidecar:
             headers.append((b"content-length", str(len(fixed)).encode()))
         return headers, fixed
 
-    async def _exchange(self, request: httpcore.Request, scope, receive, send, route: str, t0: float) -> str:
-        """Send to vLLM and stream its answer back; watches for the client going away meanwhile."""
+    async def _exchange(self, request: httpcore.Request, scope, receive, send, route: str, t0: float,
+                        limits: admission.Limits | None = None, deadline: float | None = None) -> str:
+        """Send to vLLM and stream its answer back; watches for the client going away meanwhile, and for the
+        deadline (request_timeout_seconds): past it the upstream exchange is dropped like a client's, so vLLM
+        aborts the request, and the client gets 504 (or, mid-stream, an error event)."""
         sc_state, m = self.state, self.metrics
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.perf_counter())
         upstream: httpcore.Response | None = None
         fresh: list = []          # a retry's own connection, closed at the end
         disconnected = asyncio.create_task(_wait_for_disconnect(receive))
         try:
             m.overhead.labels(route).observe(time.perf_counter() - t0)
             sending = asyncio.create_task(self._send(request, fresh))
-            await asyncio.wait({sending, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-            if not sending.done():                 # client left before vLLM even answered
+            await asyncio.wait({sending, disconnected}, timeout=left(), return_when=asyncio.FIRST_COMPLETED)
+            if not sending.done():                 # client left (or time ran out) before vLLM even answered
                 sending.cancel()
                 await asyncio.gather(sending, return_exceptions=True)
+                if limits is not None and not disconnected.done():
+                    return await self._refuse(send, admission.timeout_refusal(limits))
                 m.client_disconnects.inc()
                 return "499"
             try:
@@ -626,10 +709,12 @@ class Sidecar:
             if upstream.status == 400 and remedy and not is_sse and (_content_length(headers) or _MAX_ERROR_BODY + 1) \
                     <= _MAX_ERROR_BODY:
                 reading = asyncio.create_task(self._error_answer(upstream, headers, remedy))
-                await asyncio.wait({reading, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({reading, disconnected}, timeout=left(), return_when=asyncio.FIRST_COMPLETED)
                 if not reading.done():
                     reading.cancel()
                     await asyncio.gather(reading, return_exceptions=True)
+                    if limits is not None and not disconnected.done():
+                        return await self._refuse(send, admission.timeout_refusal(limits))
                     m.client_disconnects.inc()
                     return "499"
                 try:
@@ -647,10 +732,18 @@ class Sidecar:
                 headers.append((b"x-accel-buffering", b"no"))
             await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
             pump = asyncio.create_task(self._pump(upstream, send, is_sse, route, t0, remedy if is_sse else b""))
-            await asyncio.wait({pump, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-            if not pump.done():                    # client went away mid-response: stop vLLM's work
+            await asyncio.wait({pump, disconnected}, timeout=left(), return_when=asyncio.FIRST_COMPLETED)
+            if not pump.done():                    # client went away (or time ran out) mid-response: stop vLLM's work
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
+                if limits is not None and not disconnected.done():
+                    refusal = admission.timeout_refusal(limits)
+                    m.admission_refused.labels(refusal.reason).inc()
+                    if is_sse:                     # the status is sent: say why in the stream, then end it
+                        await send({"type": "http.response.body", "more_body": False,
+                                    "body": sse_event(refusal.body())})
+                    # (not SSE: the length cannot be completed; returning unfinished drops the connection)
+                    return str(refusal.status)
                 m.client_disconnects.inc()
                 return "499"
             pump.result()
