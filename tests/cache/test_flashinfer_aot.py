@@ -28,7 +28,7 @@ SM75_OPTIN = 65536
 def need(ok: bool, what: str):
     if not ok:
         if os.environ.get("CI"):
-            pytest.fail(f"{what} is missing under CI (see .ci/run)")
+            pytest.fail(f"{what} is missing under CI (make test-setup installs it)")
         pytest.skip(f"{what} not found")
 
 

