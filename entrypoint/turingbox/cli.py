@@ -15,6 +15,7 @@ from turingbox.errors import UsageError
 # Where each group of subcommands lives; the order is the order of `turingbox --help`.
 COMMAND_MODULES = (
     "turingbox.plan.command",          # plan
+    "turingbox.settings_doc",          # settings
     "turingbox.serve.command",         # serve
     "turingbox.model.command",         # demo-model
     "turingbox.serve.warmup_command",  # warmup, cache
@@ -42,6 +43,15 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def _refuse_mistyped_settings(args: argparse.Namespace) -> None:
+    """A command that reads settings stops before any work at a TURINGBOX_* name that is no setting: a typo
+    (MAX_MODEL_LENGTH for MAX_MODEL_LEN) would otherwise be ignored and the default served without a word."""
+    from turingbox import settings
+    from turingbox.settings_doc import READING_COMMANDS, command_of
+    if command_of(args) in READING_COMMANDS:
+        settings.refuse_unknown_variables()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after a bare `--` goes to vLLM untouched and wins over the plan.
@@ -57,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
+        _refuse_mistyped_settings(args)
         return int(args.func(args) or 0)
     except errors as exc:
         # One line whatever the input held: a path or value with a line break must not split it.

@@ -389,19 +389,38 @@ OTHER_VARIABLES: dict[str, str] = {
 }
 assert not set(OTHER_VARIABLES) & {s.env_name for s in SETTINGS}, "a setting is also listed as another variable"
 
+# The test harness's and the GPU session scripts' own variables (tests/, tools/): the appliance never reads them,
+# but they are in the environment the tests and sessions run `turingbox` in (tests/conftest.py keeps the
+# TURINGBOX_TEST_* ones), so they are no typo. tests/unit/test_settings_doc.py keeps this list complete.
+HARNESS_PREFIX = "TURINGBOX_TEST_"
+HARNESS_VARIABLES: dict[str, str] = {
+    "TURINGBOX_BAKE_TEST_IMAGE": "tests/cache: the image the bake tests run",
+    "TURINGBOX_VLLM_CPU": "tests/unit, tools/ci: vLLM's Python code installed for the CPU tests",
+    "TURINGBOX_RELIABILITY_OUT": "tests/reliability: where the reports are written",
+    "TURINGBOX_SKIP_GDN_BUILD": "tests/gpu/bootstrap.sh: skip building the sm_75 GDN library",
+    "TURINGBOX_CAPTURE_DIR": "tests/gpu/cache_aot_check.py: where its engines record kernel launches",
+    "TURINGBOX_DEMO_DIR": "tests/gpu/crash_repro_cpu.py: the demo model it loads",
+}
+
 
 def unknown_variables(env: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
     """TURINGBOX_* names in the environment that are neither a setting nor another known variable, each with
-    the closest known name (None when nothing is close): the typos a person makes."""
+    the closest known name (None when nothing is close): the typos a person makes. Lower case counts
+    (turingbox_mtp): variable names are case-sensitive, so that one is ignored as surely as a misspelling."""
     import difflib
     env = os.environ if env is None else env
-    known = sorted({s.env_name for s in SETTINGS} | set(OTHER_VARIABLES))
+    prefix = "TURINGBOX_"
+    known = {s.env_name for s in SETTINGS} | set(OTHER_VARIABLES)
+    # Compare what follows the prefix: every name shares it, which would make any name "close" to any other.
+    tails = {k[len(prefix):]: k for k in sorted(known)}
     out = []
-    for name in sorted(n for n in env if n.startswith("TURINGBOX_") and n not in known):
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-        if not close:   # a shortened or stretched name (TURINGBOX_TPP, TURINGBOX_MAX_MODEL_LENGTH)
-            close = [k for k in known if name.startswith(k) or k.startswith(name)][:1]
-        out.append((name, close[0] if close else None))
+    for name in sorted(n for n in env if n.upper().startswith(prefix) and n not in known
+                       and n not in HARNESS_VARIABLES and not n.startswith(HARNESS_PREFIX)):
+        tail = name[len(prefix):].upper()
+        close = difflib.get_close_matches(tail, list(tails), n=1, cutoff=0.6)
+        if not close:   # a shortened or stretched name: a letter too many, _LENGTH for _LEN
+            close = [t for t in tails if tail and (tail.startswith(t) or t.startswith(tail))][:1]
+        out.append((name, tails[close[0]] if close else None))
     return out
 
 

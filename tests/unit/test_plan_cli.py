@@ -171,3 +171,24 @@ def test_objective_reaches_the_plan(awq_dir):
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     assert (plan["tensor_parallel_size"], plan["data_parallel_size"], plan["objective"]) == (2, 2, "throughput")
+
+
+def test_min_model_len_above_the_models_context_is_refused(tmp_path, awq_dir):
+    for model in ([], ["--model", awq_dir]):          # the demo model and a configured one
+        r = run_plan("--gpus-json", fixture("1xh200"), *model, "--json",
+                     env={"TURINGBOX_MIN_MODEL_LEN": "300000", "TURINGBOX_MODELS_DIR": str(tmp_path)})
+        _bad(r, "--min-model-len/TURINGBOX_MIN_MODEL_LEN 300000 exceeds the model's 262144-token context "
+                "(max_position_embeddings)")
+
+
+def test_a_mistyped_setting_is_refused_before_planning(tmp_path):
+    r = run_plan("--gpus-json", fixture("1xh200"), env={"TURINGBOX_MAX_MODEL_LENGTH": "32768",
+                                                        "TURINGBOX_MODELS_DIR": str(tmp_path)})
+    _bad(r, "TURINGBOX_MAX_MODEL_LENGTH is not a setting; did you mean TURINGBOX_MAX_MODEL_LEN?")
+
+
+def test_demo_table_and_argv_carry_both_served_names(tmp_path):
+    r = run_plan("--gpus-json", fixture("1xh200"), env={"TURINGBOX_MODELS_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^\s+served as\s+turingbox-demo-qwen3\.6-27b, demo$", r.stdout, re.MULTILINE), r.stdout
+    assert " --served-model-name turingbox-demo-qwen3.6-27b demo --" in r.stdout

@@ -6,6 +6,7 @@ the comments, shrinking and refusals), never a copy of the planner's output.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from turingbox.errors import PlanError, UsageError
 from turingbox.gpus.inventory import read_inventory
 from turingbox.plan import memory as mem
+from turingbox.plan import planner
 from turingbox.plan.planner import legal_tps, make_plan, tp_problem
 from turingbox_plugin.model_config import load_model_config
 
@@ -367,6 +369,10 @@ ERROR_CASES = [
     ("mtp-on-model-without-head", "4x2080ti-22g", "nomtp", {"mtp": 2}, None, UsageError, ["TURINGBOX_MTP 2", "no MTP head"]),
     ("mtp-out-of-range", "4x2080ti-22g", "awq", {"mtp": 9}, None, UsageError, ["TURINGBOX_MTP 9"]),
     ("context-beyond-model", "4x2080ti-22g", "awq", {"max_model_len": 300000}, None, UsageError, ["300000", "262144"]),
+    ("min-len-beyond-model", "1xh200", "bf16", {"min_model_len": 300000}, None, UsageError,
+     ["--min-model-len/TURINGBOX_MIN_MODEL_LEN 300000", "the model's 262144-token context", "max_position_embeddings"]),
+    ("min-len-above-asked-len", "1xh200", "bf16", {"min_model_len": 65536, "max_model_len": 32768}, None, UsageError,
+     ["--min-model-len/TURINGBOX_MIN_MODEL_LEN 65536", "--max-model-len/TURINGBOX_MAX_MODEL_LEN 32768"]),
     ("len-below-one-chat-turn", "4x2080ti-22g", "awq", {"max_model_len": 1}, None, UsageError,
      ["--max-model-len/TURINGBOX_MAX_MODEL_LEN 1", "260 tokens", "4 MTP"]),
     ("len-below-one-chat-turn-no-mtp", "4x2080ti-22g", "awq", {"max_model_len": 255, "mtp": 0}, None, UsageError,
@@ -569,3 +575,42 @@ def test_prompt_logprobs_slices_fit_in_what_the_plan_keeps_outside_vllms_budget(
     assert PROMPT_LOGPROBS_SLICE_MIB < mem.POST_KV_SLACK_MIB
     vocab = 248320                                   # Qwen3.6's vocabulary
     assert prompt_logprobs_rows(vocab) * vocab * PROMPT_LOGPROBS_BYTES_PER_ENTRY <= PROMPT_LOGPROBS_SLICE_MIB * mem.MIB
+
+
+# ---- the least context, and the names vLLM answers to ------------------------------------------------------
+
+def test_default_floor_is_no_refusal_below_it(models):
+    """The declared min_model_len (4096) is a floor "at most what was asked": a shorter context still plans."""
+    assert planner.DEFAULTS["min_model_len"] == 4096
+    assert plan_for(models, "1xh200", "bf16", max_model_len=2048).max_model_len == 2048
+    short = dataclasses.replace(models["bf16"], max_position_embeddings=2048)
+    assert plan_for({"short": short}, "1xh200", "short").max_model_len == 2048
+    # a floor someone set is checked against the model's own context
+    with pytest.raises(UsageError, match="TURINGBOX_MIN_MODEL_LEN 3000 exceeds the model's 2048-token context"):
+        plan_for({"short": short}, "1xh200", "short", min_model_len=3000)
+
+
+def served_names(p) -> list[str]:
+    """--served-model-name's values in the plan's vLLM argv (nargs='+': up to the next flag)."""
+    i = p.vllm_args.index("--served-model-name") + 1
+    names = []
+    while i < len(p.vllm_args) and not p.vllm_args[i].startswith("--"):
+        names.append(p.vllm_args[i])
+        i += 1
+    return names
+
+
+def test_demo_answers_to_its_directory_and_to_demo(models):
+    p = plan_for(models, "1xh200", "demo")
+    assert p.served_model_name == "qwen-demo"             # the first name: responses, metrics, active warmup
+    assert served_names(p) == ["qwen-demo", "demo"] == list(planner.served_model_names(p))
+    assert any(r.startswith("served as qwen-demo and demo:") for r in p.reasons)
+    named = plan_for(models, "1xh200", "demo", served_model_name="box")
+    assert named.served_model_name == "box" and served_names(named) == ["box", "demo"]
+    assert served_names(plan_for(models, "1xh200", "demo", served_model_name="demo")) == ["demo"]
+
+
+def test_a_configured_model_answers_to_one_name(models):
+    p = plan_for(models, "1xh200", "bf16")
+    assert served_names(p) == ["qwen-bf16"] and not any(r.startswith("served as") for r in p.reasons)
+    assert served_names(plan_for(models, "1xh200", "bf16", served_model_name="box")) == ["box"]

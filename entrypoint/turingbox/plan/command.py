@@ -147,10 +147,11 @@ def _plan_demo(inventory, values: dict, args, env: Mapping[str, str] | None, sof
 # ---- table output --------------------------------------------------------------------------------------
 
 def format_table(plan: Plan) -> str:
+    from turingbox.plan.planner import served_model_names
     m = plan.memory
     rows = [
         ("model", f"{plan.model}" + ("  (demo)" if plan.demo else "")),
-        ("served as", plan.served_model_name),
+        ("served as", ", ".join(served_model_names(plan))),
         ("GPUs", f"{plan.tensor_parallel_size}x {plan.gpu_name} (sm_{plan.compute_capability.replace('.', '')}), "
                  f"CUDA_VISIBLE_DEVICES={plan.env['CUDA_VISIBLE_DEVICES']}"),
         ("tensor_parallel_size", plan.tensor_parallel_size),

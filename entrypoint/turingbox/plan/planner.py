@@ -40,6 +40,9 @@ DP_NEEDS_STRICT_WARMUP_OFF = True
 
 # Settings the planner reads, with their declared defaults (turingbox.settings); None means "decide automatically".
 DEFAULTS: dict[str, Any] = dict(PLANNER_DEFAULTS)
+# The demo model's second served name: its directory (and so its first name) depends on the variant that fits
+# the GPUs, and clients, the README's examples among them, need one name that works on every machine.
+DEMO_ALIAS = "demo"
 
 
 def setting_name(name: str) -> str:
@@ -526,6 +529,9 @@ def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Map
     gpus = sorted(gpus, key=pci_sort_key)
     if s["mtp"] is not None and not 0 <= int(s["mtp"]) <= archmod.MTP_MAX:
         raise UsageError(f"TURINGBOX_MTP {s['mtp']} is invalid: must be between 0 and {archmod.MTP_MAX}.")
+    context_floor_problem = min_model_len_problem(model, s)
+    if context_floor_problem:
+        raise UsageError(context_floor_problem)
     if not gpus:
         raise PlanError("no GPU is visible" + (f" ({len(hidden)} hidden by NVIDIA_VISIBLE_DEVICES/CUDA_VISIBLE_DEVICES)"
                                               if hidden else "") + "; turingbox needs at least one NVIDIA GPU.")
@@ -577,6 +583,32 @@ def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Map
     failed_text = {k: str(e).rstrip(".") for k, e in failures.items()}
     excluded = hidden + _excluded(gpus, best, unsupported, failed_text)
     return _assemble(best, model, s, software, excluded)
+
+
+def min_model_len_problem(model: ModelConfig, s: Mapping[str, Any]) -> str | None:
+    """Why min_model_len can never be met, or None. Only a value someone set is checked: the declared
+    default floor means "at most the model's context", so a model with a shorter context still plans."""
+    floor = s.get("min_model_len")
+    if floor is None or int(floor) == PLANNER_DEFAULTS["min_model_len"]:
+        return None
+    floor, model_max, wanted = int(floor), model.max_position_embeddings, s.get("max_model_len")
+    if model_max and floor > model_max:
+        return (f"{setting_name('min_model_len')} {floor} exceeds the model's {model_max}-token context "
+                "(max_position_embeddings), so no plan can keep that much.")
+    if wanted is not None and floor > int(wanted):
+        return (f"{setting_name('min_model_len')} {floor} is above {setting_name('max_model_len')} {int(wanted)}: "
+                "the least context to accept cannot be longer than the context asked for.")
+    return None
+
+
+def served_model_names(plan: Plan) -> tuple[str, ...]:
+    """The names vLLM answers to (`--served-model-name`, nargs='+' in vLLM 0.21; OpenAIServingModels.is_base_model
+    accepts any of them). The first is plan.served_model_name: the name vLLM writes into every response and its
+    metrics, and the one active warmup and the benches send; a demo plan adds DEMO_ALIAS."""
+    names = [plan.served_model_name]
+    if plan.demo and DEMO_ALIAS not in names:
+        names.append(DEMO_ALIAS)
+    return tuple(names)
 
 
 def _tool_parser(model: ModelConfig) -> str:
@@ -632,6 +664,10 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
                        "its engine core starts without a second Python interpreter, ~15 s sooner on the H200 "
                        "(session 11); a VLLM_WORKER_MULTIPROC_METHOD of your own wins.")
     served = s["served_model_name"] or (model.path.rstrip("/").rsplit("/", 1)[-1])
+    if model.is_demo and served != DEMO_ALIAS:
+        reasons.append(f"served as {served} and {DEMO_ALIAS}: requests may name either (vLLM answers to every "
+                       f"--served-model-name), and responses and metrics name {served}; {DEMO_ALIAS} is the same "
+                       "on every machine, whichever demo variant fits.")
     # runtime_dir and benchmark_mode travel as environment variables, not in the plugin config: vLLM hashes
     # additional_config into its compile-cache key, so anything volatile there would split the cache.
     plugin = PluginConfig(strict_warmup=bool(s["strict_warmup"]), require_plugin=bool(s["require_plugin"]),
@@ -701,7 +737,7 @@ def vllm_args(plan: Plan, model: ModelConfig) -> tuple[str, ...]:
     model: the ModelConfig the plan was made for (its layer kinds, type and vision tower pick flags).
     """
     args = ["serve", plan.model,
-            "--served-model-name", plan.served_model_name,
+            "--served-model-name", *served_model_names(plan),
             "--tensor-parallel-size", str(plan.tensor_parallel_size),
             *(["--data-parallel-size", str(plan.data_parallel_size)] if plan.data_parallel_size > 1 else []),
             "--dtype", plan.dtype,

@@ -65,7 +65,7 @@ class Plan:
     gpu_indices: tuple[int, ...]
     excluded_gpus: tuple[Mapping[str, Any], ...]  # {"uuid", "index", "reason"} each
     model: str                                  # the model directory
-    served_model_name: str
+    served_model_name: str                      # the first of vLLM's names (responses, metrics); a demo also answers to "demo"
     demo: bool
     demo_fallback: Mapping[str, Any] | None     # {"wanted", "used", "why"} when a smaller demo stands in
     memory: Mapping[str, Any]                   # per-GPU breakdown (plan/memory.py, planner.size_memory)
