@@ -61,6 +61,35 @@ def _load_model(path: str):
         raise UsageError(str(exc)) from None
 
 
+def _plan_hub(inventory, values: dict, software: dict, write: bool) -> Plan:
+    """A Hugging Face id: plan from its config.json (turingbox.model.hub.model_config) for the snapshot directory
+    serve keeps it in, served under the hub id unless --served-model-name says otherwise.
+
+    write True (serve, warmup): config.json, the hub's listing and the ref go into the models volume; the weights
+    follow in serve's downloading stage (hub.ensure_snapshot), after this plan showed they fit. write False
+    (`turingbox plan`): nothing is written; config.json is read from the volume, or from the hub into memory, and
+    the first reason says what serve would download.
+    """
+    import hashlib
+
+    from turingbox.model import hub
+    from turingbox.plan.planner import make_plan
+    from turingbox_plugin.errors import ToolError
+    from turingbox_plugin.model_config import _from_dict
+
+    source = hub.model_config(values["model"], values.get("model_revision"), values["models_dir"], write=write)
+    digest = hashlib.sha256(json.dumps(source.config, sort_keys=True).encode()).hexdigest()   # load_model_config's
+    try:
+        model = _from_dict(source.config, source.path, digest)
+    except ToolError as exc:
+        raise UsageError(f"{values['model']}: {exc}") from None
+    except (TypeError, ValueError, KeyError) as exc:
+        raise UsageError(f"{values['model']}: its {hub.CONFIG_FILE} has an unexpected value ({exc}).") from None
+    plan = make_plan(inventory, model, {**values, "served_model_name": values.get("served_model_name")
+                                        or values["model"]}, software)
+    return replace(plan, reasons=(source.note, *plan.reasons))
+
+
 def plan_from_args(args: argparse.Namespace | None, env: Mapping[str, str] | None = None,
                    write_demo: bool = True) -> Plan:
     """Resolve the plan settings once, read the GPUs and the model (or the demo model), plan.
@@ -74,6 +103,8 @@ def plan_from_args(args: argparse.Namespace | None, env: Mapping[str, str] | Non
     values = S.resolve(PLAN_SETTINGS, args, env)      # env None: the process environment (settings reads it)
     inventory = read_inventory(values["gpus_json"], env)
     software = _software()
+    if S.is_hub_id(values["model"]):
+        return _plan_hub(inventory, values, software, write=write_demo)
     if values["model"]:
         return make_plan(inventory, _load_model(values["model"]), values, software)
     return _plan_demo(inventory, values, args, env, software, write_demo)

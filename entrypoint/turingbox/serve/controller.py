@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import errno
 import json
 import logging
 import os
@@ -124,10 +125,30 @@ def bind_public(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as exc:
         sock.close()
-        raise UsageError(f"The sidecar cannot listen on {host}:{port} ({exc.strerror or exc}): "
-                         "choose another --port / TURINGBOX_PORT.") from None
+        raise UsageError(bind_failure(host, port, exc)) from None
     sock.setblocking(False)
     return sock
+
+
+def bind_failure(host: str, port: int, exc: OSError) -> str:
+    """One sentence for a failed bind that names the setting to change: the host when the address is not this
+    machine's (or no address at all), the port when it is taken or privileged."""
+    h, p = settings.REGISTRY["host"], settings.REGISTRY["port"]
+    host_fix = f"choose another {h.flag_name} / {h.env_name} (an address of this machine, or 0.0.0.0 for all)."
+    port_fix = f"choose another {p.flag_name} / {p.env_name}."
+    why = exc.strerror or str(exc)
+    lead = f"The sidecar cannot listen on {host}:{port}"
+    if isinstance(exc, socket.gaierror):
+        return f"{lead}: {host} is not an address and does not resolve to one ({why}); {host_fix}"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{lead}: {host} is not an address of this machine ({why}); {host_fix}"
+    if exc.errno == errno.EADDRINUSE:
+        return f"{lead}: port {port} is in use by another process ({why}); {port_fix}"
+    if exc.errno == errno.EACCES and 0 < port < 1024:
+        return f"{lead}: ports below 1024 need privileges this process lacks ({why}); {port_fix}"
+    if exc.errno == errno.EAFNOSUPPORT:
+        return f"{lead}: this machine has no {'IPv6' if ':' in host else 'IPv4'} networking ({why}); {host_fix}"
+    return f"{lead} ({why}): choose another {h.flag_name} / {h.env_name} or {p.flag_name} / {p.env_name}."
 
 
 def _in_daemon_thread(fn: Callable, *args: Any) -> asyncio.Future:
@@ -395,6 +416,8 @@ class Controller:
         log.info("plan %s", json.dumps(self.state.plan, sort_keys=True, separators=(",", ":")))
         for reason in plan.reasons:
             log.info("plan reason: %s", reason)
+        # 1b. a Hugging Face id: the files the models volume lacks, now that the plan showed the model fits
+        await self._ensure_model(plan)
         self.tracker.advance(stages.STARTING)
 
         # 2. caches
@@ -448,6 +471,26 @@ class Controller:
         if warning:
             log.warning("%s", warning)
         await self._probe_upstream(base)
+
+    async def _ensure_model(self, plan: Plan) -> None:
+        """The downloading stage: a plan whose model is a hub snapshot directory (turingbox.model.hub) gets the files
+        the models volume lacks, with progress in /health/ready, before vLLM starts on that directory (so vLLM never
+        downloads). Skipped for a plain model directory and for a complete snapshot. A failure ends serve with its
+        sentence (HF_HUB_OFFLINE with files missing: exit 2; the hub unreachable or a download broken off: exit 1,
+        and the next start resumes it)."""
+        from turingbox.model import hub
+        if hub.parse_snapshot_dir(plan.model) is None:
+            return
+        if not hub.is_complete(plan.model):
+            self.tracker.advance(stages.DOWNLOADING)
+
+        def report(progress: Any) -> None:      # on the download's thread: one reference assignment
+            self.tracker.download = progress.to_dict()
+
+        try:
+            await _in_daemon_thread(lambda: hub.ensure_snapshot(plan.model, progress=report))
+        finally:
+            self.tracker.download = None
 
     async def _prepare_cache(self, plan: Plan) -> dict[str, str]:
         from turingbox.cache.store import prepare_cache
@@ -550,7 +593,8 @@ def configure_logging() -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
     root.setLevel(logging.INFO)
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "httpx", "httpcore"):
+    # httpx2: huggingface_hub's client (downloads of a hub model) logs every request at INFO
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "httpx", "httpcore", "httpx2"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
 

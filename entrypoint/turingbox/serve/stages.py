@@ -2,7 +2,8 @@
 
 Stages move forward only. vLLM's own log lines move it through loading, compiling and capturing
 (substrings picked from vLLM 0.21.0's messages, see LOG_STAGE_PATTERNS); serve itself moves it
-through planning, starting, warming and ready. Draining and failed are terminal.
+through planning, downloading (a Hugging Face id whose files the models volume lacks; skipped
+otherwise), starting, warming and ready. Draining and failed are terminal.
 """
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-PLANNING = "planning"      # inventory + plan (+ demo model build)
+PLANNING = "planning"      # inventory + plan (+ demo model build, a hub model's config.json)
+DOWNLOADING = "downloading"  # a hub model's files into the models volume (turingbox.model.hub), with progress
 STARTING = "starting"      # cache preparation, vLLM import, tokenizer, engine process start
 LOADING = "loading"        # weights
 COMPILING = "compiling"    # torch.compile / compile-cache load, memory profiling, KV cache allocation
@@ -20,7 +22,7 @@ READY = "ready"
 DRAINING = "draining"
 FAILED = "failed"
 
-ORDER = (PLANNING, STARTING, LOADING, COMPILING, CAPTURING, WARMING, READY)
+ORDER = (PLANNING, DOWNLOADING, STARTING, LOADING, COMPILING, CAPTURING, WARMING, READY)
 TERMINAL = (DRAINING, FAILED)
 
 # vLLM 0.21.0's line per torch.compile'd graph (the model, then MTP's drafter): compiled now, or loaded from its
@@ -56,7 +58,8 @@ LOG_STAGE_PATTERNS: tuple[tuple[str, str], ...] = (
 )
 
 # Typical stage lengths in seconds (DESIGN: warm start ~78 s, empty caches ~384 s on an H200).
-# Used only for the estimate shown while starting; the cache status picks warm or cold.
+# Used only for the estimate shown while starting; the cache status picks warm or cold. Downloading has
+# no typical length: while it runs, its estimate comes from the bytes left and this run's rate.
 TYPICAL_SECONDS = {
     "warm": {PLANNING: 2, STARTING: 45, LOADING: 10, COMPILING: 15, CAPTURING: 10, WARMING: 10},
     "cold": {PLANNING: 2, STARTING: 45, LOADING: 30, COMPILING: 300, CAPTURING: 30, WARMING: 30},
@@ -66,6 +69,7 @@ TYPICAL_SECONDS = {
 # What /health/ready says while a stage is in progress (a failure states its own reason).
 DESCRIPTIONS = {
     PLANNING: "turingbox is reading the GPUs and planning the engine settings.",
+    DOWNLOADING: "turingbox is downloading the model from the Hugging Face hub into the models volume.",
     STARTING: "vLLM is starting (caches, imports, tokenizer, engine processes).",
     LOADING: "vLLM is loading the model weights.",
     COMPILING: "vLLM is compiling the model and profiling memory.",
@@ -97,6 +101,22 @@ def compile_cache_warning(profile: str, graphs_compiled: int, graphs_loaded: int
             f"compile until the key matches again.")
 
 
+def download_reason(progress: dict) -> str:
+    """/health/ready's reason while downloading, with the numbers (progress: turingbox.model.hub.Progress.to_dict())."""
+    rate = progress.get("bytes_per_s")
+    return (f"turingbox is downloading {progress.get('model')} from the Hugging Face hub into the models volume: "
+            f"{progress.get('percent', 0.0):.0f}% ({progress.get('bytes', 0) / 2**30:.2f} of "
+            f"{progress.get('total_bytes', 0) / 2**30:.2f} GiB, {progress.get('files', 0)} of "
+            f"{progress.get('total_files', 0)} files" + (f", {rate / 1e6:.1f} MB/s)." if rate else ")."))
+
+
+def download_seconds_left(progress: dict | None) -> float | None:
+    """Bytes left at this run's rate, or None before bytes arrived."""
+    if not progress or not progress.get("bytes_per_s"):
+        return None
+    return max(0.0, (progress["total_bytes"] - progress["bytes"]) / progress["bytes_per_s"])
+
+
 def stage_from_log_line(line: str) -> str | None:
     """The stage a vLLM log line announces, or None."""
     for needle, stage in LOG_STAGE_PATTERNS:
@@ -105,12 +125,16 @@ def stage_from_log_line(line: str) -> str | None:
     return None
 
 
-def estimate_remaining(stage: str, seconds_in_stage: float, typical: dict[str, float]) -> float:
-    """Seconds left until ready: the rest of this stage (at least 1 s) plus every later stage."""
+def estimate_remaining(stage: str, seconds_in_stage: float, typical: dict[str, float],
+                       rest_of_stage: float | None = None) -> float:
+    """Seconds left until ready: the rest of this stage (at least 1 s; rest_of_stage when known, e.g. a
+    download's bytes left at its rate) plus every later stage."""
     if stage not in ORDER or stage == READY:
         return 0.0
     i = ORDER.index(stage)
-    rest_of_stage = max(typical.get(stage, 0.0) - seconds_in_stage, 1.0)
+    if rest_of_stage is None:
+        rest_of_stage = typical.get(stage, 0.0) - seconds_in_stage
+    rest_of_stage = max(rest_of_stage, 1.0)
     return rest_of_stage + sum(typical.get(s, 0.0) for s in ORDER[i + 1:] if s != READY)
 
 
@@ -129,6 +153,8 @@ class StartupTracker:
     on_change: Callable[[str, str], None] | None = None
     graphs_compiled: int = 0           # vLLM's torch.compile graphs while starting: compiled / loaded from cache
     graphs_loaded: int = 0
+    # while downloading: turingbox.model.hub.Progress.to_dict(), replaced whole by the download thread
+    download: dict | None = None
 
     def __post_init__(self) -> None:
         now = self.clock()
@@ -185,13 +211,20 @@ class StartupTracker:
         """Seconds until ready, or None when it will not become ready."""
         if self.stage in TERMINAL:
             return None
-        return round(estimate_remaining(self.stage, self.stage_elapsed(), TYPICAL_SECONDS[self.profile]), 1)
+        rest = download_seconds_left(self.download) if self.stage == DOWNLOADING else None
+        return round(estimate_remaining(self.stage, self.stage_elapsed(), TYPICAL_SECONDS[self.profile], rest), 1)
 
     def snapshot(self) -> dict:
-        return {
+        body = {
             "stage": self.stage,
             "elapsed_s": round(self.elapsed(), 1),
             "stage_elapsed_s": round(self.stage_elapsed(), 1),
             "estimate_s": self.estimate(),
             "reason": self.reason or DESCRIPTIONS.get(self.stage),
         }
+        download = self.download
+        if self.stage == DOWNLOADING and download:
+            body["progress"] = dict(download)
+            if not self.reason:
+                body["reason"] = download_reason(download)
+        return body
