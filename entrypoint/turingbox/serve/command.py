@@ -2,24 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 
 from turingbox import settings
 from turingbox.plan.types import Plan, load_saved_plan
-from turingbox.serve.admission import ADMISSION_SETTINGS
 from turingbox.serve.options import SERVE_SETTINGS, ServeOptions
 
 log = logging.getLogger("turingbox.serve")
-
-# ServeOptions (serve/options.py) does not carry the admission settings yet: this subclass adds them, with the
-# defaults declared in settings.py, so the controller hands them to the sidecar unchanged (admission.settings_of
-# reads them). Goes away once options.py declares the fields.
-AdmittingServeOptions = dataclasses.make_dataclass(
-    "AdmittingServeOptions",
-    [(name, object, dataclasses.field(default=settings.REGISTRY[name].default)) for name in ADMISSION_SETTINGS
-     if name not in ServeOptions.__dataclass_fields__],
-    bases=(ServeOptions,), frozen=True)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,7 +30,7 @@ def load_plan_file(path: str) -> Plan:
 def run(args: argparse.Namespace) -> int:
     from turingbox.serve.controller import serve
 
-    options = AdmittingServeOptions.from_settings(settings.resolve(SERVE_SETTINGS, args))
+    options = ServeOptions.from_settings(settings.resolve(SERVE_SETTINGS, args))
     if options.plan_file:
         plan = load_plan_file(options.plan_file)
 

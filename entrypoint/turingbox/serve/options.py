@@ -41,6 +41,13 @@ class ServeOptions:
     exit_linger_seconds: float = _DEFAULT["exit_linger_seconds"]
     vllm_command: str | None = _DEFAULT["vllm_command"]
     plan_file: str | None = _DEFAULT["plan_file"]
+    max_n: int | None = _DEFAULT["max_n"]
+    max_tokens: int | None = _DEFAULT["max_tokens"]
+    default_max_tokens: int | None = _DEFAULT["default_max_tokens"]
+    max_total_tokens: int | None = _DEFAULT["max_total_tokens"]
+    max_concurrent_requests: int | None = _DEFAULT["max_concurrent_requests"]
+    max_concurrent_per_key: int | None = _DEFAULT["max_concurrent_per_key"]
+    request_timeout_seconds: float = _DEFAULT["request_timeout_seconds"]
 
     @classmethod
     def from_settings(cls, values: Mapping[str, Any]) -> "ServeOptions":
