@@ -588,6 +588,10 @@ def first_check(url: str, model: str) -> dict:
 # with a 500 (vllm#53665's kin: allowed_token_ids that cannot start the structured output). A 4xx here against
 # plain vLLM's 5xx is the fix, not a difference to explain; any other status difference is.
 TURINGBOX_OWN_REFUSALS = ("allowed_token_ids and structured_outputs leave no token to generate",)
+# turingbox's admission limits (serve/admission.py) name the setting they refuse by, "(TURINGBOX_MAX_TOTAL_TOKENS)":
+# the plan's limits, turingbox's own refusals whatever plain vLLM answers (the CPU stand-in does not check
+# prompt + max_tokens against max_model_len, so it answers 200 where vLLM 0.21 and the sidecar answer 400).
+TURINGBOX_ADMISSION_MARK = "(TURINGBOX_"
 STREAM_INTERNAL_ERROR = "200+internal-error"
 
 
@@ -605,14 +609,22 @@ def _failed(o: str) -> bool:
     return o == STREAM_INTERNAL_ERROR or o[:1] == "5"
 
 
+def is_admission_refusal(m: dict) -> bool:
+    """A replay mismatch whose soak side is a refusal by turingbox's admission limits (4xx, or an error event in a
+    200 stream, naming a TURINGBOX_ setting)."""
+    soak_o = m.get("soak_outcome") or str(m.get("soak_status"))
+    return (soak_o[:1] == "4" or soak_o == "200+error") and TURINGBOX_ADMISSION_MARK in (m.get("soak_error") or "")
+
+
 def split_replay_mismatches(mismatches: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(turingbox's own refusal where plain vLLM failed internally, every other mismatch). A refusal is a 400, or
-    an error event in a 200 stream; plain's failure a 5xx or an internal error in its stream."""
+    """(turingbox's own refusals, every other mismatch). Own: a refusal by turingbox's admission limits (whatever
+    plain vLLM answered), or one of TURINGBOX_OWN_REFUSALS where plain vLLM failed internally. A refusal is a 400,
+    or an error event in a 200 stream; plain's failure a 5xx or an internal error in its stream."""
     own, other = [], []
     for m in mismatches:
         soak_o = m.get("soak_outcome") or str(m.get("soak_status"))
         plain_o = m.get("plain_outcome") or str(m.get("plain_status"))
-        ours = soak_o in ("400", "200+error") and _failed(plain_o) \
+        ours = is_admission_refusal(m) or soak_o in ("400", "200+error") and _failed(plain_o) \
             and any(t in (m.get("soak_error") or "") for t in TURINGBOX_OWN_REFUSALS)
         (own if ours else other).append(m)
     return own, other
@@ -672,7 +684,9 @@ async def replay(args: argparse.Namespace) -> dict:
             "4xx_status_pairs": dict(collections.Counter(f"{x['soak_outcome']}->{x['plain_outcome']}" for x in rows4)),
             "mismatches_4xx": mism4, "mismatches_sample": mismS}
     own, other = split_replay_mismatches(mism4)
-    cmp_.update(n_turingbox_refusals_of_vllm_5xx=len(own), n_unexplained_4xx_mismatches=len(other), ok=not other)
+    n_admission = sum(1 for m in own if is_admission_refusal(m))
+    cmp_.update(n_turingbox_refusals_of_vllm_5xx=len(own) - n_admission, n_turingbox_admission_refusals=n_admission,
+                n_unexplained_4xx_mismatches=len(other), ok=not other)
     if args.against:
         cmp_["against"] = compare_against(answers, args.against, earlier=recs)
         cmp_["ok"] = cmp_["against"]["ok"]
@@ -753,8 +767,10 @@ def verdict(args: argparse.Namespace) -> dict:
     v["jit_monitor"] = monitor
     if rep:
         own, other = split_replay_mismatches(rep.get("mismatches_4xx") or [])
+        n_admission = sum(1 for m in own if is_admission_refusal(m))
         v.update(replay_ok=not other, replay_4xx=f"{rep['n_4xx_same_status']}/{rep['n_4xx']}",
-                 replay_4xx_turingbox_refusals_of_vllm_5xx=len(own), replay_4xx_unexplained=len(other),
+                 replay_4xx_turingbox_refusals_of_vllm_5xx=len(own) - n_admission,
+                 replay_4xx_turingbox_admission_refusals=n_admission, replay_4xx_unexplained=len(other),
                  replay_sample=f"{rep['n_sample_same_status']}/{rep['n_sample']}")
     with open(os.path.join(out, f"verdict-{tag}.json"), "w") as f:
         json.dump(v, f, indent=1)
