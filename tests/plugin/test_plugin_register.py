@@ -10,6 +10,9 @@ from importlib import metadata
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from vllm_source import vllm_source_root  # noqa: E402
+
 from turingbox_plugin.activation import resolve_settings, turingbox_section, argv_additional_config
 
 PROBE = r"""
@@ -122,28 +125,41 @@ def test_settings_precedence_and_validation():
     assert argv_additional_config(["serve"]) is None
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed here (it is in the image)")
+def _with_vllm(env: dict) -> dict:
+    """vLLM importable in a child: the installed package (the image) or make test-setup's CPU copy."""
+    if importlib.util.find_spec("vllm") is not None:
+        return env
+    root = vllm_source_root("plugins/__init__.py")
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))}
+
+
 def test_vllm_plugins_empty_never_loads_plugin():
     code = ("from vllm.plugins import load_general_plugins\nload_general_plugins()\n"
             "import sys\nprint('turingbox_plugin' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "VLLM_PLUGINS": ""})
+                         env=_with_vllm({**os.environ, "VLLM_PLUGINS": ""}))
     assert out.stdout.strip().splitlines()[-1] == "False", out.stderr
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"})
+                         env=_with_vllm({k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}))
     assert out.stdout.strip().splitlines()[-1] == "True", out.stderr
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed here (it is in the image)")
+WORKER_CHECK = """
+from vllm.v1.worker.gpu_worker import Worker
+from turingbox_plugin.worker import TuringboxWorker, deferred_jit_monitor
+from vllm.triton_utils import jit_monitor
+assert issubclass(TuringboxWorker, Worker)
+real = jit_monitor.activate
+with deferred_jit_monitor() as calls:
+    jit_monitor.activate()
+    assert calls == [True] and not jit_monitor.is_active()
+assert jit_monitor.activate is real
+print("ok")
+"""
+
+
 def test_worker_class_subclasses_vllm_gpu_worker():
-    from vllm.v1.worker.gpu_worker import Worker
-
-    from turingbox_plugin.worker import TuringboxWorker, deferred_jit_monitor
-    from vllm.triton_utils import jit_monitor
-
-    assert issubclass(TuringboxWorker, Worker)
-    real = jit_monitor.activate
-    with deferred_jit_monitor() as calls:
-        jit_monitor.activate()
-        assert calls == [True] and not jit_monitor.is_active()
-    assert jit_monitor.activate is real
+    # in a child: vLLM on this process's sys.path would change what the later tests find
+    out = subprocess.run([sys.executable, "-c", WORKER_CHECK], capture_output=True, text=True, timeout=300,
+                         env=_with_vllm(dict(os.environ)))
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "ok", out.stderr[-3000:]
