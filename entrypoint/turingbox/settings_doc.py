@@ -30,9 +30,9 @@ READERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("cache show", ("cache_dir", "baked_cache_dir"), ()),
     ("cache verify", ("cache_dir", "baked_cache_dir"), ()),
     ("demo-model", S.DEMO_SETTINGS, ()),          # as --models-dir, --awq and --layers
-    # its plan line plans as `plan` does, from the variables (plan/doctor_check.py's DOCTOR_FLAGS, --gpus-json,
-    # becomes a flag once the plugin's cli.py adds doctor_check's arguments: then move it to the flags here)
-    ("doctor", (), S.PLAN_SETTINGS),
+    # its plan line plans as `plan` does: plan/doctor_check.py's DOCTOR_FLAGS (--gpus-json) as flags, which the
+    # plugin's cli.py adds through doctor.add_arguments, the other plan settings from their variables
+    ("doctor", ("gpus_json",), tuple(n for n in S.PLAN_SETTINGS if n != "gpus_json")),
     # the plugin's benches take the sidecar's key as their --api-key default (the plugin reads the variable itself)
     ("bench decode", ("api_key",), ()),
     ("bench prefill", ("api_key",), ()),

@@ -33,7 +33,7 @@ def _write_json(path: str | None, data: Any) -> None:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from turingbox_plugin import doctor
 
-    checks = doctor.run_checks(args.model)
+    checks = doctor.run_checks(args.model, args)
     result = doctor.as_json(checks)
     text = "\n".join(f"{c.status:4}  {c.name}: {c.detail}" for c in checks)
     _emit(result, args.json, text)
@@ -155,9 +155,10 @@ def _bench_common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
+    from turingbox_plugin import doctor
+
     p = sub.add_parser("doctor", help="check Python, torch, CUDA, Triton, ptxas, vLLM, GPUs, plugin, model")
-    p.add_argument("model", nargs="?", default=None, help="model directory to check and plan for")
-    p.add_argument("--json", action="store_true")
+    doctor.add_arguments(p)
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("verify", help="plugin kernels vs references on a GPU, or --compile-only for an arch")

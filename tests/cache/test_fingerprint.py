@@ -1,5 +1,6 @@
 """Same inputs -> same key; every kernel-relevant input changes it; context length does not."""
 import json
+import os
 
 import pytest
 
@@ -56,6 +57,8 @@ def test_mtp_depth_3_and_4_get_different_keys_and_entries(tmp_path):
     p3, p4 = make_plan(num_speculative_tokens=3), make_plan(num_speculative_tokens=4)
     assert p3["cache_key"] != p4["cache_key"]
     s3 = store.prepare_cache(p3, str(tmp_path))
+    with open(os.path.join(s3.env["TRITON_CACHE_DIR"], "kernel.cubin"), "wb") as f:   # the engine wrote artefacts
+        f.write(b"\x7fELF")
     s3.finish(True)
     s4 = store.prepare_cache(p4, str(tmp_path))
     assert s4.status["result"] == "miss" and s4.entry != s3.entry

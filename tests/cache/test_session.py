@@ -24,6 +24,14 @@ def seed(plan, root, files=None):
     return s
 
 
+def engine_wrote(s):
+    """What a real engine leaves behind: a compile artefact in the entry (finish(True) completes only then)."""
+    path = os.path.join(s.entry, "triton", "ENGINEHASH", "kernel.cubin")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(b"\x7fELF")
+
+
 def test_env_points_every_cache_into_the_entry(tmp_path, plan):
     s = store.prepare_cache(plan, str(tmp_path))
     entry = os.path.join(str(tmp_path), "entries", plan["cache_key"])
@@ -61,6 +69,7 @@ def test_incomplete_entry_is_a_miss_and_resumed_then_quarantined_after_repeated_
     assert s3.status["result"] == "miss" and s3.status["quarantined"]
     assert os.path.exists(os.path.join(s3.status["quarantined"], "triton", "partial.cubin"))
     assert not os.path.exists(os.path.join(s3.entry, "triton", "partial.cubin"))
+    engine_wrote(s3)
     s3.finish(True)
     assert store.prepare_cache(plan, str(tmp_path)).status["result"] == "hit"
 
@@ -92,6 +101,7 @@ def test_corrupt_entry_is_quarantined_rebuilt_and_the_next_start_is_healthy(tmp_
     assert os.path.dirname(qdir) == os.path.join(str(tmp_path), "quarantine")
     assert "quarantined" in caplog.text
     assert open(os.path.join(qdir, "QUARANTINED.txt")).read().strip()
+    engine_wrote(again)
     again.finish(True)
     healthy = store.prepare_cache(plan, str(tmp_path))
     assert healthy.status["result"] == "hit" and healthy.status["quarantined"] is None
@@ -197,6 +207,7 @@ def test_close_never_deletes_the_shared_entry_and_releases_its_lock(tmp_path, pl
     assert store.read_manifest(s.entry)["completed"] is None
     again = store.prepare_cache(plan, str(tmp_path / "vol"), lock_wait_s=0.5)
     assert again.mode == "shared" and again.status["result"] == "miss"
+    engine_wrote(again)
     again.finish(True)
     again.close()
     assert store.entry_problems(again.entry, plan["cache_key"]) == []
@@ -275,9 +286,10 @@ def test_a_new_entry_starts_with_vllms_model_infos(tmp_path, plan, caplog, monke
     (image / "other-shape.json").write_text('{"hash": 3, "modelinfo": {}}')
     vol = tmp_path / "vol"
     other = seed(make_plan(tensor_parallel_size=4), vol, {"vllm/modelinfos/other-Arch.json": (INFO % "other").encode(),
-                                                          "vllm/modelinfos/qwen3_5_mtp-Qwen3_5MTP.json": b"{}"})
+                                                          "vllm/modelinfos/qwen3_5_mtp-Qwen3_5MTP.json": b"{}",
+                                                          "triton/o/k.cubin": b"o"})
     older = seed(make_plan(software={**SOFTWARE, "vllm": "0.20.0"}), vol,
-                 {"vllm/modelinfos/older-Arch.json": (INFO % "older vLLM").encode()})
+                 {"vllm/modelinfos/older-Arch.json": (INFO % "older vLLM").encode(), "triton/o/k.cubin": b"o"})
     crashed = store.prepare_cache(make_plan(max_num_seqs=64), str(vol))          # never finished: incomplete
     os.makedirs(os.path.join(crashed.entry, "vllm", "modelinfos"), exist_ok=True)   # it got other's files
     open(os.path.join(crashed.entry, "vllm", "modelinfos", "crashed-Arch.json"), "w").write(INFO % "crashed")
@@ -295,6 +307,7 @@ def test_a_new_entry_starts_with_vllms_model_infos(tmp_path, plan, caplog, monke
     open(os.path.join(infos, "qwen3_5_mtp-Qwen3_5MTP.json"), "w").write(INFO % "vllm")
     assert store.seed_modelinfos([str(image)], s.env["VLLM_CACHE_ROOT"]) == {}
     assert json.load(open(os.path.join(infos, "qwen3_5_mtp-Qwen3_5MTP.json")))["hash"] == "vllm"
+    engine_wrote(s)
     s.finish(True)
     assert not store.entry_problems(s.entry, plan["cache_key"], deep=True)
     hit = store.prepare_cache(plan, str(vol), environ=env)

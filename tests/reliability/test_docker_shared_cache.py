@@ -1,8 +1,9 @@
 """Two appliance containers on one cache volume at once (real Docker engine, the real image).
 
 Each container runs the image's own `turingbox serve` (planner, cache session, sidecar) with the
-stand-in upstream bind-mounted in place of vLLM, so both start, take their cache decisions on the
-same volume at the same moment and become ready. Afterwards `turingbox cache verify` in a third
+stand-in upstream bind-mounted in place of vLLM (tests/cache/engine_filling_caches.py, which writes
+compile artefacts into the entry, then becomes tests/fakes/fake_vllm.py), so both start, take their
+cache decisions on the same volume at the same moment and become ready. Afterwards `turingbox cache verify` in a third
 container must find the entry complete and sound, and a third serve must hit it.
 
 Image: $TURINGBOX_TEST_IMAGE, else turingbox:0.1.0, else turingbox:image-test; skipped when none exists.
@@ -48,8 +49,12 @@ def test_two_containers_share_one_cache_volume_without_corruption(image, tmp_pat
     names: list[str] = []
     docker("volume", "create", volume)
     common = ["-v", f"{volume}:/cache", "-v", f"{model}:/model:ro",
-              "-v", f"{os.path.dirname(FAKE_VLLM)}:/fake:ro", "-v", f"{os.path.dirname(H200)}:/fixtures:ro",
-              "-e", "TURINGBOX_VLLM_COMMAND=python3 /fake/fake_vllm.py", "-e", "TURINGBOX_ACTIVE_WARMUP=0",
+              # the repo's tests/: engine_filling_caches.py writes compile artefacts into the entry (completed only
+              # then) and becomes tests/fakes/fake_vllm.py
+              "-v", f"{os.path.dirname(os.path.dirname(FAKE_VLLM))}:/tests:ro",
+              "-v", f"{os.path.dirname(H200)}:/fixtures:ro",
+              "-e", "TURINGBOX_VLLM_COMMAND=python3 /tests/cache/engine_filling_caches.py",
+              "-e", "TURINGBOX_ACTIVE_WARMUP=0",
               "-e", "FAKE_VLLM_STAGE_SECONDS=1", "--read-only", "--tmpfs", "/tmp"]
     serve_args = ["serve", "--gpus-json", "/fixtures/h200.json", "--model", "/model"]
     try:

@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 
 import httpx
@@ -23,6 +24,8 @@ import pytest
 
 from loadgen import one_request
 from sidecar_harness import pid_alive, wait_until
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -222,7 +225,10 @@ def test_full_cache_volume_serve_starts_warns_and_runs_cold(serve_factory, tmp_p
 
 def test_corrupt_cache_entry_is_quarantined_and_rebuilt_by_serve(serve_factory, tmp_path):
     cache = str(tmp_path / "shared-cache")
-    first = serve_factory(env={"TURINGBOX_CACHE_DIR": cache})
+    # An engine that writes compile artefacts (an entry is completed only then), then becomes the fake vLLM.
+    env = {"TURINGBOX_CACHE_DIR": cache,
+           "TURINGBOX_VLLM_COMMAND": f"{sys.executable} {REPO}/tests/cache/engine_filling_caches.py"}
+    first = serve_factory(env=env)
     first.wait_ready()
     key = first.get("/turingbox/plan").json()["cache_key"]
     entry = os.path.join(cache, "entries", key)
@@ -232,7 +238,7 @@ def test_corrupt_cache_entry_is_quarantined_and_rebuilt_by_serve(serve_factory, 
     assert first.wait_exit() == 0
     with open(os.path.join(entry, "manifest.json"), "w") as f:
         f.write('{"format": 1, "key": ')                          # torn write
-    second = serve_factory(env={"TURINGBOX_CACHE_DIR": cache})
+    second = serve_factory(env=env)
     second.wait_ready()
     assert "quarantined" in second.output()
     quarantined = os.listdir(os.path.join(cache, "quarantine"))
@@ -241,7 +247,7 @@ def test_corrupt_cache_entry_is_quarantined_and_rebuilt_by_serve(serve_factory, 
                what="the rebuilt entry to be completed")
     second.signal(signal.SIGTERM)
     assert second.wait_exit() == 0
-    third = serve_factory(env={"TURINGBOX_CACHE_DIR": cache})
+    third = serve_factory(env=env)
     third.wait_ready()
     line = [x for x in third.output().splitlines() if "turingbox.serve: cache {" in x][0]
     assert json.loads(line.split("cache ", 1)[1])["result"] == "hit"

@@ -49,10 +49,7 @@ def test_doctor_plans_the_demo_by_default_from_turingbox_gpus_json():
 
 
 def test_doctor_takes_gpus_json_as_a_flag():
-    help_text = turingbox("doctor", "--help", env=clean_env()).stdout
-    if "--gpus-json" not in help_text:
-        pytest.xfail("plugin/turingbox_plugin/cli.py does not build doctor's parser with doctor.add_arguments "
-                     "yet (issue 34), so `doctor --gpus-json` is still rejected")
+    assert "--gpus-json" in turingbox("doctor", "--help", env=clean_env()).stdout
     r = turingbox("doctor", "--json", "--gpus-json", H200, env=clean_env())
     line = plan_line(r)
     assert line["status"] == "PASS" and "NVIDIA H200" in line["detail"], line
