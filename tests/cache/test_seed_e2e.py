@@ -117,7 +117,7 @@ def test_seed_only_leaves_a_complete_verified_entry_that_serve_then_hits(box):
     # The engine compiled its graphs (an empty entry), so the seed starts it once more, loading them as serve will.
     engine_stages = ["engine-start", "engine-ready", "strict-warmup", "active-warmup", "engine-stop"]
     assert stages_of(r.stdout) == ["plan", "cache", *engine_stages, "loading-start", *engine_stages, "complete"]
-    assert set(stages_of(r.stdout)) == set(STAGES)
+    assert set(stages_of(r.stdout)) == set(STAGES) - {"download"}   # download: hub ids only
     assert "vLLM compiled 2 graph(s); starting it once more" in r.stdout
     assert r.stdout.count("engine_filling_caches: wrote") == 2   # the engine really ran, twice
     assert 'found []' in r.stdout and 'found ["TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"]' in r.stdout
@@ -239,3 +239,41 @@ def test_a_seed_in_a_private_copy_removes_the_copy_when_it_exits(box):
     assert turingbox_temporaries(box["tmpdir"]) == []
     assert "warmed in private mode in a temporary copy" in r.stderr
     assert not os.path.exists(store.entry_dir(box["root"], key))   # the busy shared entry was never touched
+
+
+def test_warmup_of_a_hub_id_downloads_it_first_then_seeds_the_snapshot(box):
+    """TURINGBOX_MODEL=<owner>/<name>: warmup (make warmup-cache, the Kubernetes Job) fetches the model into the
+    models volume from the hub (tests/hub_server.py, a real HTTP server answering as the hub does) in its
+    `download` stage, as serve does, before the engine starts on the snapshot directory; offline with the volume
+    filled it makes no request."""
+    from hub_server import FakeHub
+    from turingbox.model import hub
+
+    repo = "test-org/qwen36-config"
+    with open(QWEN36_CONFIG, "rb") as f:
+        files = {"config.json": f.read(), "model.safetensors": os.urandom(3 << 20)}
+    fake = FakeHub().start()
+    try:
+        commit = fake.add_repo(repo, files, lfs=("model.safetensors",))
+        models = str(box["tmp"] / "models")
+        env = {"TURINGBOX_MODEL": repo, "HF_ENDPOINT": fake.url, "HF_HOME": str(box["tmp"] / "hf-home"),
+               "HF_HUB_OFFLINE": "", "HF_TOKEN": ""}
+        r = warmup(box, "--seed-only", extra_env=env)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        snapshot = hub.snapshot_dir(hub.hub_cache(models), repo, commit)
+        assert stages_of(r.stdout)[:3] == ["plan", "download", "cache"]
+        assert f"turingbox: downloading {repo}: 100% (" in r.stdout, r.stdout[-3000:]
+        with open(os.path.join(snapshot, "model.safetensors"), "rb") as f:
+            assert f.read() == files["model.safetensors"]
+        started = [json.loads(l) for l in (box["tmp"] / "events.jsonl").read_text().splitlines()]
+        argvs = [e["argv"] for e in started if e["event"] == "started"]
+        assert argvs and all(a[1] == snapshot for a in argvs), argvs
+        result = result_of(r.stdout)
+        assert result["result"] == "miss" and store.entry_problems(result["entry"], result["cache_key"]) == []
+
+        fake.requests.clear()
+        again = warmup(box, extra_env={**env, "HF_HUB_OFFLINE": "1"})
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        assert stages_of(again.stdout) == ["plan", "download", "cache", "complete"] and fake.requests == []
+    finally:
+        fake.close()

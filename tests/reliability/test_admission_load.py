@@ -72,7 +72,7 @@ def test_hostile_requests_refused_during_load(serve_factory):
               "non_stream_p99_ms": {"without": quiet["non_stream_ms"]["p99"], "with": loaded["non_stream_ms"]["p99"]},
               "refused": refused(s.metrics()), "example_refusal": answers[0]["body"] if answers else None}
     # tests/conftest.py drops TURINGBOX_* variables other than TURINGBOX_TEST_*: either name works here
-    out = os.environ.get("TURINGBOX_TEST_RELIABILITY_OUT") or os.environ.get("TURINGBOX_RELIABILITY_OUT")
+    out = os.environ.get("TURINGBOX_TEST_RELIABILITY_OUT")
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "admission-load.json"), "w") as f:

@@ -71,7 +71,7 @@ def test_schemathesis_finds_no_server_error_and_a_conforming_schema(server):
         pytest.skip("schemathesis is not installed (pip install schemathesis)")
     schema = server.get("/openapi.json").json()
     assert set(schema["paths"]) == {"/health/live", "/health/ready", "/health/startup", "/metrics",
-                                    "/turingbox/plan", "/v1/{path}"}
+                                    "/turingbox/plan", "/turingbox/limits", "/v1/{path}"}
     assert set(schema["paths"]["/v1/{path}"]) == {"get", "post"}
     assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     report = os.path.join(server.tmp, "junit.xml")
@@ -87,7 +87,7 @@ def test_schemathesis_finds_no_server_error_and_a_conforming_schema(server):
     summary = [line for line in r.stdout.splitlines() if "generated" in line]
     print("schemathesis:", summary)
     assert summary and " 0 passed" not in summary[-1]
-    out = os.environ.get("TURINGBOX_RELIABILITY_OUT")
+    out = os.environ.get("TURINGBOX_TEST_RELIABILITY_OUT")
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "schemathesis.txt"), "w") as f:

@@ -2,7 +2,7 @@
 upstream; every chunk checked; connections, descriptors and memory of serve watched; proxied vs direct.
 
 The CI variant holds the load for LOAD_SECONDS (default 15 s); the slow one for 60 s and writes its
-report to $TURINGBOX_RELIABILITY_OUT/load-60s.json when that is set (docs/reliability.md quotes it).
+report to $TURINGBOX_TEST_RELIABILITY_OUT/load-60s.json when that is set (docs/reliability.md quotes it).
 """
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def run_case(serve_factory, proxied_s: float, direct_s: float) -> dict:
     completed = s.events("completed")
     report["upstream_events"] = {"requests": len(requests), "completed": len(completed),
                                  "cancelled": len(s.events("cancelled"))}
-    out = os.environ.get("TURINGBOX_RELIABILITY_OUT")
+    out = os.environ.get("TURINGBOX_TEST_RELIABILITY_OUT")
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, f"load-{int(proxied_s)}s.json"), "w") as f:

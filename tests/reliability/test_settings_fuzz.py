@@ -3,7 +3,7 @@
 Whatever the value: exit 0 (a plan on stdout) or exit 2 with exactly one line on stderr that names
 the setting, never a traceback. In-process through turingbox.cli.main for speed, plus a few real
 subprocesses (plan and serve). The number of inputs tried is written to
-$TURINGBOX_RELIABILITY_OUT/fuzz-counts.json when that is set.
+$TURINGBOX_TEST_RELIABILITY_OUT/fuzz-counts.json when that is set.
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def workdir(tmp_path_factory):
     os.chdir(old)
     os.environ.pop("TURINGBOX_RUNTIME_DIR", None)
     os.environ.update(saved)
-    out = os.environ.get("TURINGBOX_RELIABILITY_OUT")
+    out = os.environ.get("TURINGBOX_TEST_RELIABILITY_OUT")
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "fuzz-counts.json"), "w") as f:

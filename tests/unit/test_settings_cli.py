@@ -39,8 +39,7 @@ def bad_value(setting: S.Setting) -> str | None:
 
 
 def command_for(name: str) -> list[str]:
-    """The cheapest command that resolves this setting before any work: plan, else warmup, else serve. (Not serve
-    for the cache settings: it reads them only once started, and starts cold when they are bad.)"""
+    """The cheapest command that resolves this setting before any work: plan, else warmup, else serve."""
     readers = [c for c, _how in D.readers(name)]
     for command in ("plan", "warmup", "serve"):
         if command in readers:
@@ -79,6 +78,10 @@ def run(argv: list[str], env: dict[str, str], tmp: str) -> subprocess.CompletedP
 
 BAD_CASES = {s.name: (command_for(s.name), {s.env_name: bad_value(s)}) for s in S.SETTINGS if s.name not in ANY_TEXT}
 TYPO_CASES = {s.name: (command_for(s.name), {typo(s.env_name, i): "1"}) for i, s in enumerate(S.SETTINGS)}
+# serve resolves the cache settings at its edge too (before binding, planning or starting): a bad one is exit 2,
+# not a cold start with a warning
+SERVE_CACHE_CASES = {n: (["serve"], {S.REGISTRY[n].env_name: bad_value(S.REGISTRY[n])})
+                     for n in S.CACHE_SETTINGS if n not in ANY_TEXT and bad_value(S.REGISTRY[n]) is not None}
 COMMAND_CASES = {c: (c.split(), {"TURINGBOX_MAX_MODEL_LENGTH": "32768"}) for c in sorted(D.READING_COMMANDS)}
 
 
@@ -86,6 +89,7 @@ COMMAND_CASES = {c: (c.split(), {"TURINGBOX_MAX_MODEL_LENGTH": "32768"}) for c i
 def results(tmp_path_factory):
     cases = {("bad", k): v for k, v in BAD_CASES.items()}
     cases.update({("typo", k): v for k, v in TYPO_CASES.items()})
+    cases.update({("serve-cache", k): v for k, v in SERVE_CACHE_CASES.items()})
     cases.update({("command", k): v for k, v in COMMAND_CASES.items()})
     tmp = str(tmp_path_factory.mktemp("settings-cli"))
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
@@ -118,6 +122,12 @@ def test_a_bad_value_is_refused_naming_the_variable(results, name):
     # cli.py folds every run of whitespace to one space, so a message stays one line whatever the value held
     assert line.startswith(" ".join(f"turingbox: {s.env_name} {shown} is invalid: ".split()) + " "), line
     assert line.endswith("."), line
+
+
+@pytest.mark.parametrize("name", sorted(SERVE_CACHE_CASES))
+def test_serve_refuses_a_bad_cache_setting(results, name):
+    line = one_sentence(results[("serve-cache", name)])
+    assert S.REGISTRY[name].env_name in line, line
 
 
 @pytest.mark.parametrize("name", sorted(TYPO_CASES))

@@ -628,14 +628,17 @@ def plan_fingerprint(plan: Any) -> tuple[str, dict[str, Any]]:
 
 def prepare_cache(plan: Any, cache_root: str | None = None, *, baked_root: str | None = None,
                   lock_wait_s: float | None = None, min_free_bytes: int = MIN_FREE_BYTES,
-                  environ: Mapping[str, str] | None = None) -> CacheSession:
+                  environ: Mapping[str, str] | None = None,
+                  settings_values: Mapping[str, Any] | None = None) -> CacheSession:
     """Choose (and if needed repair or create) the cache entry for `plan`; see the module doc.
 
     cache_root / baked_root / lock_wait_s default to the settings cache_dir / baked_cache_dir /
-    cache_lock_wait resolved from the environment.
+    cache_lock_wait resolved from the environment, or taken from settings_values (the CACHE_SETTINGS the
+    caller resolved at its edge).
     """
     key, inputs = plan_fingerprint(plan)
-    resolved = settings.resolve(CACHE_SETTINGS, None, environ)
+    resolved = (dict(settings_values) if settings_values is not None
+                else settings.resolve(CACHE_SETTINGS, None, environ))
     root = os.path.abspath(cache_root or resolved["cache_dir"])
     baked = baked_root if baked_root is not None else resolved["baked_cache_dir"]
     wait = resolved["cache_lock_wait"] if lock_wait_s is None else lock_wait_s

@@ -30,7 +30,7 @@ def load_plan_file(path: str) -> Plan:
 def run(args: argparse.Namespace) -> int:
     from turingbox.serve.controller import serve
 
-    options = ServeOptions.from_settings(settings.resolve(SERVE_SETTINGS, args))
+    options = ServeOptions.from_settings(settings.resolve(SERVE_SETTINGS + settings.CACHE_SETTINGS, args))
     if options.plan_file:
         plan = load_plan_file(options.plan_file)
 

@@ -497,7 +497,7 @@ class Controller:
 
         def prepare() -> Any:
             # Recorded in the thread, so a SIGTERM that cancels the wait still finds the copy to remove.
-            self.cache_to_close = prepare_cache(plan, None)
+            self.cache_to_close = prepare_cache(plan, None, settings_values=self.options.cache or None)
             return self.cache_to_close
 
         try:

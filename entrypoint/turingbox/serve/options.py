@@ -2,7 +2,7 @@
 their defaults; nothing here writes a default a second time)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from turingbox import settings as S
@@ -48,7 +48,11 @@ class ServeOptions:
     max_concurrent_requests: int | None = _DEFAULT["max_concurrent_requests"]
     max_concurrent_per_key: int | None = _DEFAULT["max_concurrent_per_key"]
     request_timeout_seconds: float = _DEFAULT["request_timeout_seconds"]
+    # the cache settings (cache_dir, baked_cache_dir, cache_lock_wait, aot_*), resolved with the rest at the
+    # edge: a bad value ends serve with exit 2 instead of a cold start; empty: prepare_cache resolves them
+    cache: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, values: Mapping[str, Any]) -> "ServeOptions":
-        return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
+        cache = {k: v for k, v in values.items() if k in S.CACHE_SETTINGS}
+        return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__}, cache=cache)

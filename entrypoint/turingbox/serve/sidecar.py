@@ -294,8 +294,9 @@ class Started(BaseModel):
 
 class NotReady(BaseModel):
     model_config = ConfigDict(extra="allow")
-    stage: str = Field(description="planning, starting, loading, compiling, capturing, warming, draining, "
-                                    "failed or unresponsive")
+    stage: str = Field(description="planning, downloading (a Hugging Face id's files; `progress` says how "
+                                    "far), starting, loading, compiling, capturing, warming, draining, failed or "
+                                    "unresponsive")
     elapsed_s: Optional[float] = None
     estimate_s: Optional[float] = Field(None, description="seconds left by the typical stage lengths; "
                                                           "null when unknown or final")
@@ -441,10 +442,8 @@ class Sidecar:
                 return JSONResponse(st.not_ready_body(), status_code=503)
             return JSONResponse(st.plan)
 
-        # Out of the schema for now: tests/reliability/test_http_bad_input.py pins the schema's path set.
         @app.get("/turingbox/limits", summary="The admission limits of /v1 (n, max_tokens, total tokens, "
                                               "concurrency, timeout) and which came from the plan",
-                 include_in_schema=False,
                  responses={200: {"description": "the limits (serve/admission.py Limits)", **_JSON_OBJECT},
                             503: {"model": NotReady, "description": "not planned yet"}, **_UNAUTHORIZED})
         async def limits(request: Request) -> JSONResponse:

@@ -25,7 +25,7 @@ STAGE_PREFIX = "turingbox-stage: "
 RESULT_PREFIX = "turingbox-seed-result: "
 # A seed whose engine compiled its graphs starts the engine once more ("loading-start", then the engine stages again):
 # see _warm_engine_async.
-STAGES = ("plan", "cache", "engine-start", "engine-ready", "strict-warmup", "active-warmup", "engine-stop",
+STAGES = ("plan", "download", "cache", "engine-start", "engine-ready", "strict-warmup", "active-warmup", "engine-stop",
           "loading-start", "complete")
 
 
@@ -171,6 +171,24 @@ def stage(name: str, detail: str = "") -> None:
     print(f"{STAGE_PREFIX}{name}" + (f" {detail}" if detail else ""), flush=True)
 
 
+def _ensure_model(plan: Plan) -> None:
+    """A plan on a hub snapshot (TURINGBOX_MODEL=org/name): the files the models volume lacks, as serve's
+    downloading stage fetches them (resumed, verified; offline: a sentence naming what is missing), so the engine
+    below never downloads. A plain model directory: nothing to do."""
+    from turingbox.model import hub
+    if hub.parse_snapshot_dir(plan.model) is None:
+        return
+    stage("download", plan.model)
+    last = [-1.0]
+
+    def report(progress) -> None:       # a line per 10 % (and the last), not per chunk
+        if progress.percent >= last[0] + 10 or progress.percent >= 100 > last[0]:
+            last[0] = progress.percent
+            print(f"turingbox: downloading {progress.repo_id}: {progress.describe()}", flush=True)
+
+    hub.ensure_snapshot(plan.model, progress=report)
+
+
 def _load_plan(args) -> Plan:
     if getattr(args, "plan_json", None):
         return load_saved_plan(args.plan_json, "--plan-json")
@@ -197,6 +215,7 @@ def run_warmup(args) -> int:
     values = settings.resolve(settings.CACHE_SETTINGS + settings.WARMUP_SETTINGS + LAUNCHER_SETTINGS, args)
     stage("plan")
     plan = _load_plan(args)
+    _ensure_model(plan)
     stage("cache")
     session = store.prepare_cache(plan, values["cache_dir"], baked_root=values["baked_cache_dir"],
                                   lock_wait_s=values["cache_lock_wait"])
