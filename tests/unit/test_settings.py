@@ -87,14 +87,16 @@ def test_one_table_in_order_and_complete_without_feature_imports():
 
 
 def test_defaults_are_written_once():
-    """planner.DEFAULTS and ServeOptions' defaults are the table's."""
+    """planner.DEFAULTS and ServeOptions' defaults are the table's (its `cache` field carries CACHE_SETTINGS,
+    resolved at serve's edge, and is empty by default)."""
     import dataclasses
 
     from turingbox.plan import planner
     from turingbox.serve.options import ServeOptions
     assert planner.DEFAULTS == {n: S.REGISTRY[n].default for n in S.PLANNER_SETTINGS}
-    fields = {f.name: f.default for f in dataclasses.fields(ServeOptions)}
+    fields = {f.name: f.default for f in dataclasses.fields(ServeOptions) if f.name != "cache"}
     assert fields == {n: S.REGISTRY[n].default for n in S.SERVE_SETTINGS}
+    assert ServeOptions().cache == {}
 
 
 def test_vocabulary_lives_below_the_planner():
