@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from turingbox.errors import UsageError
+from turingbox_plugin import contract as plugin_contract
 
 # ---- the vocabulary of allowed values (the planner imports these from here) --------------------
 
@@ -32,7 +33,7 @@ MTP_MAX = 8          # vLLM accepts more, but acceptance of deeper drafts collap
 BACKENDS = ("FLASHINFER", "FLASH_ATTN", "TRITON_ATTN")
 KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
 OBJECTIVES = ("latency", "throughput")
-GDN_PATHS = ("auto", "turbo", "vllm")              # the plugin's GDN_MODES; "auto": turbo on sm_75 only
+GDN_PATHS = plugin_contract.GDN_MODES              # "auto": turbo on sm_75 only
 GDN_PREFILL_BACKENDS = ("triton", "flashinfer")
 FULL_ATTENTION_INTERVAL = 4               # every 4th layer of Qwen3.5/3.6 is full attention
 
@@ -370,11 +371,8 @@ assert len({s.env_name for s in SETTINGS}) == len(SETTINGS), "two settings share
 # Every other TURINGBOX_* name the project reads: not settings of the appliance (no flag), each with who reads
 # it. `turingbox serve`/`plan` accept these in their environment; any other TURINGBOX_* name is a typo.
 OTHER_VARIABLES: dict[str, str] = {
-    # the plugin's own, read in vLLM's worker processes (the plugin imports nothing of the appliance); the
-    # appliance hands resolved values on through --additional-config, and these pass through its environment
-    "TURINGBOX_PLUGIN": "the plugin's on/off switch in a plain vLLM environment",
-    "TURINGBOX_GDN_LIB": "the plugin's prebuilt sm_75 GDN library (set by the image)",
-    "TURINGBOX_PRUNE_AUTOTUNE": "the plugin's autotune pruning switch",
+    # the plugin's own (turingbox_plugin.contract), read in vLLM's worker processes
+    plugin_contract.GDN_LIB_ENV: "the plugin's prebuilt sm_75 GDN library (set by the image)",
     "TURINGBOX_BENCH_URL": "the plugin's bench tools' default URL",
     # build and development tools, never read by `turingbox serve`
     "TURINGBOX_VLLM_SRC": "vLLM's source for the AOT spec derivations and compile checks",
@@ -441,13 +439,13 @@ WARMUP_SETTINGS = _names(_WARMUP)
 PLANNER_DEFAULTS: dict[str, Any] = {s.name: s.default for s in _PLAN}
 
 # ---- handed to the plugin ------------------------------------------------------------------
-# The plugin (turingbox_plugin) runs in vLLM's workers, imports nothing of the appliance and resolves its
-# own settings (turingbox_plugin.activation: additional_config over TURINGBOX_* variables). The appliance
-# resolves these settings here, the planner turns them into the plugin's values, and only the results
-# travel: in vLLM's argv as --additional-config '{"turingbox": {...}}' (PLUGIN_CONFIG: plugin key -> the
-# settings it comes from), or, where vLLM would hash a volatile value into its compile-cache key, in the
-# plan's env (PLUGIN_ENV: variable -> setting). The engine launcher drops every declared TURINGBOX_* from
-# the environment vLLM inherits, so the plugin never re-reads a raw appliance variable.
+# The plugin (turingbox_plugin) runs in vLLM's workers and imports nothing of the appliance; what the two
+# agree on is turingbox_plugin.contract. The appliance resolves these settings here, the planner turns them
+# into a contract.PluginConfig, and only the results travel: in vLLM's argv as --additional-config
+# '{"turingbox": {...}}' (PLUGIN_CONFIG: contract key -> the settings it comes from; () for a key no setting
+# of the appliance changes, written with the contract's default), or, where vLLM would hash a volatile value
+# into its compile-cache key, in the plan's env (PLUGIN_ENV: the contract's ENGINE_ENV variable -> setting).
+# The plugin reads no other TURINGBOX_* variable, so none needs removing from the environment vLLM inherits.
 PLUGIN_CONFIG: dict[str, tuple[str, ...]] = {
     "strict_warmup": ("strict_warmup",),
     "require_plugin": ("require_plugin",),
@@ -455,11 +453,11 @@ PLUGIN_CONFIG: dict[str, tuple[str, ...]] = {
     "num_speculative_tokens": ("mtp",),                # unset: the planner's MTP depth
     "max_num_seqs": ("max_num_seqs",),                 # unset: what fits
     "cudagraph_capture_sizes": ("max_num_seqs", "enforce_eager"),   # the planner's sizes up to max_num_seqs
+    "prune_autotune": (),                              # the contract's default (on)
 }
-PLUGIN_ENV: dict[str, str] = {
-    REGISTRY["runtime_dir"].env_name: "runtime_dir",
-    REGISTRY["benchmark_mode"].env_name: "benchmark_mode",
-}
+PLUGIN_ENV: dict[str, str] = dict(plugin_contract.ENGINE_ENV)
+assert all(REGISTRY[name].env_name == var for var, name in PLUGIN_ENV.items()), \
+    "an engine variable of the plugin's contract is not the variable of the setting it carries"
 
 
 # ---- resolution ----------------------------------------------------------------------------

@@ -39,7 +39,7 @@ _registered = False
 def register() -> None:
     """vllm.general_plugins entry point: cheap, re-entrant, never touches CUDA.
 
-    Inactive (no "turingbox" key in --additional-config and TURINGBOX_PLUGIN unset): does nothing.
+    Inactive (no "turingbox" key in --additional-config, turingbox_plugin.contract): does nothing.
     Active: only sets ENV_DEFAULTS with setdefault (a user's explicit value always wins).
     Worker-side behaviour lives in the worker class, which vLLM instantiates only in workers.
     """

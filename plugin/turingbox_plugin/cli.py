@@ -144,11 +144,11 @@ def cmd_bench_prefill(args: argparse.Namespace) -> int:
 
 
 def _bench_common(p: argparse.ArgumentParser) -> None:
-    # environ: client tools' defaults (a bench beside any server; the plugin imports nothing of the appliance)
-    p.add_argument("--url", default=os.environ.get("TURINGBOX_BENCH_URL", "http://localhost:8000"),
-                   help="server base URL [env TURINGBOX_BENCH_URL]")
+    from turingbox_plugin import contract
+    defaults = contract.client_defaults()
+    p.add_argument("--url", default=defaults["url"], help=f"server base URL [env {contract.BENCH_URL_ENV}]")
     p.add_argument("--model", default=None, help="model name (default: the first of /v1/models)")
-    p.add_argument("--api-key", default=os.environ.get("TURINGBOX_API_KEY"), help="bearer token [env TURINGBOX_API_KEY]")
+    p.add_argument("--api-key", default=defaults["api_key"], help=f"bearer token [env {contract.API_KEY_ENV}]")
     p.add_argument("--timeout", type=float, default=600.0, help="per request timeout in seconds")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--output", default=None, help="also write the JSON result to this file")
@@ -206,11 +206,12 @@ def cmd_jit_report(args: argparse.Namespace) -> int:
         try:
             plan = httpx.get(args.url.rstrip("/") + "/turingbox/plan", timeout=10,
                              headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}).json()
-            runtime_dir = (plan.get("env") or {}).get("TURINGBOX_RUNTIME_DIR")
+            from turingbox_plugin.contract import RUNTIME_DIR_ENV
+            runtime_dir = (plan.get("env") or {}).get(RUNTIME_DIR_ENV)
         except (httpx.HTTPError, ValueError) as exc:
             raise ToolError(f"--url {args.url}: the plan could not be read ({type(exc).__name__}).") from None
         if not runtime_dir:
-            raise ToolError(f"--url {args.url}: the plan names no TURINGBOX_RUNTIME_DIR; give --runtime-dir.")
+            raise ToolError(f"--url {args.url}: the plan names no {RUNTIME_DIR_ENV}; give --runtime-dir.")
     if not os.path.isdir(runtime_dir):
         raise ToolError(f"--runtime-dir {runtime_dir!r} is not a directory.", 2)
     rep = jit_report.report(runtime_dir)

@@ -94,7 +94,7 @@ def load_model_config(model_dir: str) -> ModelConfig:
     if not isinstance(cfg, dict):
         raise ToolError(f"{path} does not hold a JSON object.")
     try:
-        return _from_dict(cfg, model_dir, hashlib.sha256(
+        return model_config_from_dict(cfg, model_dir, hashlib.sha256(
             json.dumps(cfg, sort_keys=True).encode()).hexdigest())
     except ToolError:
         raise
@@ -102,7 +102,7 @@ def load_model_config(model_dir: str) -> ModelConfig:
         raise ToolError(f"{path} has an unexpected value ({exc}).") from None
 
 
-def _from_dict(cfg: dict, model_dir: str, config_hash: str) -> ModelConfig:
+def model_config_from_dict(cfg: dict, model_dir: str, config_hash: str) -> ModelConfig:
     where = os.path.join(model_dir, "config.json")
     text = cfg.get("text_config") or cfg          # multimodal wrappers keep the LM in text_config
     archs = cfg.get("architectures") or ["unknown"]

@@ -1,7 +1,6 @@
 """Worker status files: `<runtime_dir>/worker-<rank>.json`, written atomically.
 
-Schema (contract): {"plugin_version", "pid", "rank", "stage", "warmup": {"kernels", "seconds", "ok",
-"error"}, "jit_after_ready": {kernel: count}, "gdn_path", "active": {...}} plus informative extras.
+Schema: turingbox_plugin.contract (STATUS_KEYS, STATUS_STAGES, status_path); this module writes and reads it.
 """
 from __future__ import annotations
 
@@ -13,12 +12,9 @@ import tempfile
 import threading
 from typing import Any
 
-STAGES = ("starting", "loading", "compiling", "warming", "ready", "failed")
+from turingbox_plugin.contract import status_path   # the file layout is the contract's (STATUS_STAGES, STATUS_KEYS)
+
 _FILE_RE = re.compile(r"worker-(\d+)\.json$")
-
-
-def status_path(runtime_dir: str, rank: int) -> str:
-    return os.path.join(runtime_dir, f"worker-{int(rank)}.json")
 
 
 def write_status_atomic(path: str, status: dict[str, Any]) -> None:

@@ -59,7 +59,7 @@ class TuringboxWorker(Worker):
         except ValueError as exc:
             raise _startup_fail(f"bad plugin configuration: {exc}.") from None
         s = self.tb_settings
-        runtime_dir = s.runtime_dir    # additional_config, else TURINGBOX_RUNTIME_DIR (activation.py)
+        runtime_dir = s.runtime_dir    # the contract's engine variable (activation.py)
         key_log = None
         if s.active and runtime_dir:
             from turingbox_plugin.jit_report import key_log_path

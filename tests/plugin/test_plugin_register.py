@@ -59,15 +59,24 @@ def test_inactive_register_changes_nothing_and_imports_no_torch():
     assert not r["torch_imported"] and not r["triton_imported"]
 
 
-def test_env_activation_sets_only_documented_defaults():
-    r = probe({"TURINGBOX_PLUGIN": "1"})
+ACTIVE_ARGV = ["vllm", "serve", "m", "--additional-config", json.dumps({"turingbox": {}})]
+
+
+def test_activation_sets_only_documented_defaults():
+    r = probe(argv=ACTIVE_ARGV)
     assert r["changed"] == {"TRITON_CACHE_AUTOTUNING": "1"}
     assert r["second_ok"]
     assert not r["torch_imported"]
 
 
 def test_user_value_wins_over_default():
-    r = probe({"TURINGBOX_PLUGIN": "1", "TRITON_CACHE_AUTOTUNING": "0"})
+    r = probe({"TRITON_CACHE_AUTOTUNING": "0"}, argv=ACTIVE_ARGV)
+    assert r["changed"] == {}
+
+
+def test_the_appliances_variables_alone_do_not_activate_the_plugin():
+    """The plugin reads its contract only: TURINGBOX_* settings in vLLM's environment change nothing."""
+    r = probe({"TURINGBOX_PLUGIN": "1", "TURINGBOX_STRICT_WARMUP": "1", "TURINGBOX_GDN": "turbo"})
     assert r["changed"] == {}
 
 
@@ -87,37 +96,41 @@ def test_plugin_modules_never_initialise_cuda():
     code = ("import torch, turingbox_plugin, turingbox_plugin.cli, turingbox_plugin.status, "
             "turingbox_plugin.warmup_plan, turingbox_plugin.jit_accounting, turingbox_plugin.autotune\n"
             "from turingbox_plugin import doctor\n"
+            f"sys.argv = {ACTIVE_ARGV!r}\n"
             "turingbox_plugin.register(); doctor.run_checks(None)\n"
             "print(torch.cuda.is_initialized())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "TURINGBOX_PLUGIN": "1"})
+    out = subprocess.run([sys.executable, "-c", "import sys\n" + code], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
-def test_settings_precedence_and_validation():
+def test_settings_come_from_the_contract_only():
     assert not resolve_settings(None, {}).active
     assert not resolve_settings({"other": 1}, {}).active
+    # the appliance's variables activate nothing and change nothing (issue 15: TURINGBOX_GDN=auto reached the
+    # workers raw and killed every one of them 58 s into startup)
+    assert not resolve_settings(None, {"TURINGBOX_PLUGIN": "1", "TURINGBOX_REQUIRE_PLUGIN": "yes"}).active
     s = resolve_settings({"turingbox": {"strict_warmup": True, "gdn": "turbo", "cudagraph_capture_sizes": [4, 1, 2],
                                         "runtime_dir": "/run/tb"}}, {})
     assert s.active and s.strict_warmup and s.gdn == "turbo" and s.source == "additional_config"
-    assert s.cudagraph_capture_sizes == (1, 2, 4) and s.runtime_dir == "/run/tb"
-    # additional_config (the appliance's resolved values) wins; a variable fills only what it leaves out.
-    env = {"TURINGBOX_STRICT_WARMUP": "0", "TURINGBOX_RUNTIME_DIR": "/x", "TURINGBOX_GDN": "auto"}
-    s2 = resolve_settings({"turingbox": {"strict_warmup": True, "gdn": "vllm"}}, env)
-    assert s2.strict_warmup and s2.runtime_dir == "/x" and s2.gdn == "vllm"
-    s3 = resolve_settings(None, {"TURINGBOX_PLUGIN": "1", "TURINGBOX_REQUIRE_PLUGIN": "yes"})
-    assert s3.active and s3.require_plugin and s3.source == "env"
-    # TURINGBOX_GDN=auto, the appliance's documented default, is a valid value (issue 15: it killed
-    # every worker 58 s into startup): turbo on sm_75, vLLM's kernels elsewhere.
-    s4 = resolve_settings({"turingbox": {"strict_warmup": True}}, {"TURINGBOX_GDN": "auto"})
+    assert s.cudagraph_capture_sizes == (1, 2, 4) and s.runtime_dir == "/run/tb" and s.extra == {}
+    env = {"TURINGBOX_STRICT_WARMUP": "1", "TURINGBOX_GDN": "fast", "TURINGBOX_RUNTIME_DIR": "/x",
+           "TURINGBOX_BENCHMARK_MODE": "1"}
+    s2 = resolve_settings({"turingbox": {"gdn": "vllm"}}, env)
+    # the section's keys, the contract's defaults for the rest; the two ENGINE_ENV variables from the env
+    assert (s2.strict_warmup, s2.gdn, s2.prune_autotune, s2.runtime_dir, s2.benchmark_mode) == (
+        False, "vllm", True, "/x", True)
+    s4 = resolve_settings({"turingbox": {"gdn": "auto"}}, {})
     assert s4.gdn == "auto" and s4.gdn_path((7, 5)) == "turbo" and s4.gdn_path((9, 0)) == "vllm"
     assert s4.gdn_path(None) == "vllm"
-    with pytest.raises(ValueError, match="TURINGBOX_GDN = 'fast' is not one of auto, turbo, vllm"):
-        resolve_settings({"turingbox": {}}, {"TURINGBOX_GDN": "fast"})
+    with pytest.raises(ValueError, match="additional_config.turingbox.gdn = 'fast' is not one of auto, turbo, vllm"):
+        resolve_settings({"turingbox": {"gdn": "fast"}}, {})
+    with pytest.raises(ValueError, match="TURINGBOX_BENCHMARK_MODE = 'maybe' is not a boolean"):
+        resolve_settings({"turingbox": {}}, {"TURINGBOX_BENCHMARK_MODE": "maybe"})
     for bad in ({"turingbox": {"gdn": "warp"}}, {"turingbox": {"strict_warmup": "maybe"}},
                 {"turingbox": {"cudagraph_capture_sizes": [0]}}, {"turingbox": {"max_num_seqs": -1}},
-                {"turingbox": []}):
+                {"turingbox": {"cudagraph_capture_sizes": [True]}}, {"turingbox": []}):
         with pytest.raises(ValueError):
             resolve_settings(bad, {})
     assert turingbox_section('{"turingbox": true}') == {}

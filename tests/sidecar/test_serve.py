@@ -432,36 +432,36 @@ def test_api_key_off_is_a_logged_warning_and_shown_in_the_plan(serve_factory, va
     assert ok.status_code == 200
 
 
-def test_vllm_gets_resolved_values_not_the_raw_turingbox_variables(serve_factory, tmp_path):
-    """TURINGBOX_GDN=auto (the documented default) reached the workers raw and the plugin refused it. vLLM's
-    environment holds no TURINGBOX_* variable but those the plan sets; the plugin's settings, resolved from the
-    child's real environment and argv, are the plan's."""
+def test_the_plugin_in_vllm_reads_resolved_values_not_the_raw_turingbox_variables(serve_factory, tmp_path):
+    """TURINGBOX_GDN=auto (the documented default) reached the workers raw and the plugin refused it. Now the
+    plugin reads only its contract (turingbox_plugin.contract): the additional_config section and the two
+    ENGINE_ENV variables, which the plan sets. The operator's raw variables are still in vLLM's environment,
+    and the plugin's settings, resolved from the child's real environment and argv, are the plan's anyway."""
     from turingbox_plugin.activation import argv_additional_config, resolve_settings
+    from turingbox_plugin.contract import ENGINE_ENV
     dump = tmp_path / "vllm-env.json"
     wrapper = tmp_path / "dump_env_then_fake_vllm.py"
     wrapper.write_text("import json, os, sys\n"
                        "with open(sys.argv[1], 'w') as f:\n    json.dump(dict(os.environ), f)\n"
                        f"os.execv(sys.executable, [sys.executable, {FAKE_VLLM!r}, *sys.argv[2:]])\n")
-    s = serve_factory(env={"TURINGBOX_GDN": "auto", "TURINGBOX_STRICT_WARMUP": "0", "TURINGBOX_PLUGIN": "1",
+    s = serve_factory(env={"TURINGBOX_GDN": "auto", "TURINGBOX_STRICT_WARMUP": "0", "TURINGBOX_BENCHMARK_MODE": "0",
                            "TURINGBOX_VLLM_COMMAND": f"{sys.executable} {wrapper} {dump}",
                            "SOME_OTHER_SETTING": "kept"})
     s.wait_ready()
     child = json.loads(dump.read_text())
     plan = s.get("/turingbox/plan").json()
-    own = {k: v for k, v in child.items() if k.startswith("TURINGBOX_") and k != "TURINGBOX_PLUGIN"}
-    assert own == {k: v for k, v in plan["env"].items() if k.startswith("TURINGBOX_")}, own
-    assert child["TURINGBOX_PLUGIN"] == "1"      # the plugin's own switch, no appliance setting: passed on
-    instance = own["TURINGBOX_RUNTIME_DIR"]          # the engine's own directory under the configured one
+    assert child["TURINGBOX_GDN"] == "auto"          # no stripping: the plugin never reads it
+    assert {k: child[k] for k in ENGINE_ENV} == {k: plan["env"][k] for k in ENGINE_ENV}
+    instance = child["TURINGBOX_RUNTIME_DIR"]          # the engine's own directory under the configured one
     assert os.path.dirname(instance) == os.path.join(s.tmp, "runtime") and os.path.isdir(instance)
-    assert os.path.basename(instance).startswith(f"turingbox-serve-{s.proc.pid}-") and own["TURINGBOX_BENCHMARK_MODE"] == "0"
+    assert os.path.basename(instance).startswith(f"turingbox-serve-{s.proc.pid}-")
     assert child["SOME_OTHER_SETTING"] == "kept" and child["FAKE_VLLM_EVENTS"] == s.events_path
     assert child["CUDA_VISIBLE_DEVICES"] == plan["env"]["CUDA_VISIBLE_DEVICES"] and "VLLM_PLUGINS" not in child
     argv = s.events("started")[0]["argv"]
     settings = resolve_settings(argv_additional_config(argv), env=child)      # raised "gdn = 'auto'" before
     assert settings.gdn == plan["plugin"]["gdn"] == "vllm" and settings.strict_warmup is False
-    out = s.output()
-    assert "not passed to vLLM (resolved by turingbox; the plan carries the values): " in out
-    assert "TURINGBOX_GDN, " in out
+    assert settings.to_dict() == {**plan["plugin"], "active": True, "runtime_dir": instance, "benchmark_mode": False,
+                                  "source": "additional_config"}
 
 
 def test_bad_settings_exit_2_with_one_sentence(serve_factory):

@@ -154,19 +154,17 @@ def test_vllm_argv_and_passthrough():
     assert flag_value(["--api-key", "a", "--api-key=b"], "--api-key") == "b"
 
 
-def test_vllm_env_drops_raw_turingbox_variables_and_takes_the_plans():
+def test_vllm_env_is_the_parents_overlaid_by_the_plans():
+    """No variable is stripped (the plugin reads only its contract); the plan's values win, None unsets."""
     parent = {"PATH": "/bin", "HF_TOKEN": "hf", "VLLM_PLUGINS": "", "TURINGBOX_GDN": "auto",
-              "TURINGBOX_STRICT_WARMUP": "0", "TURINGBOX_RUNTIME_DIR": "/raw", "TURINGBOX_API_KEY": "k",
-              "TURINGBOX_GDN_LIB": "/opt/gdn.so"}
+              "TURINGBOX_STRICT_WARMUP": "0", "TURINGBOX_RUNTIME_DIR": "/raw", "TURINGBOX_GDN_LIB": "/opt/gdn.so"}
     plan_env = {"TURINGBOX_RUNTIME_DIR": "/resolved", "TURINGBOX_BENCHMARK_MODE": "0", "CUDA_VISIBLE_DEVICES": "1",
                 "VLLM_PLUGINS": None}
     env = vllm_env(parent, plan_env, {"TRITON_CACHE_DIR": "/c/triton"})
-    # the plugin's own library path is no appliance setting: the worker reads it, so it passes through
-    assert env == {"PATH": "/bin", "HF_TOKEN": "hf", "TURINGBOX_RUNTIME_DIR": "/resolved",
-                   "TURINGBOX_BENCHMARK_MODE": "0", "CUDA_VISIBLE_DEVICES": "1", "TRITON_CACHE_DIR": "/c/triton",
-                   "TURINGBOX_GDN_LIB": "/opt/gdn.so"}
-    assert parent["TURINGBOX_GDN"] == "auto"                     # the parent's mapping is left alone
-    assert vllm_env({"TURINGBOX_MTP": "1", "A": "b"}, None) == {"A": "b"}
+    assert env == {"PATH": "/bin", "HF_TOKEN": "hf", "TURINGBOX_GDN": "auto", "TURINGBOX_STRICT_WARMUP": "0",
+                   "TURINGBOX_RUNTIME_DIR": "/resolved", "TURINGBOX_BENCHMARK_MODE": "0", "CUDA_VISIBLE_DEVICES": "1",
+                   "TRITON_CACHE_DIR": "/c/triton", "TURINGBOX_GDN_LIB": "/opt/gdn.so"}
+    assert parent["VLLM_PLUGINS"] == "" and parent["TURINGBOX_RUNTIME_DIR"] == "/raw"   # the parent's mapping is left alone
 
 
 def test_the_plans_engine_start_method_is_a_default_the_operator_overrides():

@@ -38,10 +38,13 @@ def handed(model_dir: str, **env: str) -> tuple[dict, dict]:
 
 
 def test_plugin_config_table_names_declared_settings_and_plugin_fields():
-    assert set(S.PLUGIN_CONFIG) <= FIELDS
-    assert set(S.PLUGIN_ENV.values()) <= FIELDS
+    """Every key of the contract's PluginConfig is in PLUGIN_CONFIG, with the settings it comes from (none:
+    the contract's default); PLUGIN_ENV is the contract's ENGINE_ENV."""
+    from turingbox_plugin.contract import ENGINE_ENV, PluginConfig
+    assert set(S.PLUGIN_CONFIG) == {f.name for f in dataclasses.fields(PluginConfig)}
+    assert set(S.PLUGIN_ENV.values()) <= FIELDS and S.PLUGIN_ENV == ENGINE_ENV
     for key, names in S.PLUGIN_CONFIG.items():
-        assert names and set(names) <= set(S.REGISTRY), key
+        assert set(names) <= set(S.REGISTRY), key
     for var, name in S.PLUGIN_ENV.items():
         assert S.REGISTRY[name].env_name == var
 
@@ -91,7 +94,8 @@ def test_runtime_dir_is_resolved_before_it_is_handed(model_dir, tmp_path):
     assert env[var] == str(tmp_path / "rt")
 
 
-def test_the_plugins_gdn_modes_are_the_settings():
-    """The plugin keeps its own copy (it imports nothing of the appliance); they must agree."""
-    from turingbox_plugin.activation import GDN_MODES
-    assert GDN_MODES == S.GDN_PATHS
+def test_unset_keys_are_the_contracts_defaults(model_dir):
+    from turingbox_plugin.contract import PluginConfig
+    section, _ = handed(model_dir)
+    for key in (k for k, names in S.PLUGIN_CONFIG.items() if not names):
+        assert section[key] == getattr(PluginConfig(), key), key

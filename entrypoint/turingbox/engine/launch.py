@@ -17,29 +17,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 import httpx
 
-from turingbox import settings
 
 VLLM_MODULE = ("-m", "vllm.entrypoints.cli.main")
 # vLLM flags whose value is a secret (masked in logs and in /turingbox/plan).
 SECRET_FLAGS = ("--api-key", "--hf-token", "--ssl-keyfile-password")
 MASK = "***"
-# The appliance's own variables (every declared setting's TURINGBOX_* name): turingbox resolves them
-# (flag > env > default) and hands vLLM only the results, in its argv (--additional-config) and the plan's
-# env. Passed on raw, the plugin in the workers would read them again with its own precedence
-# (TURINGBOX_GDN=auto made every worker refuse to start). TURINGBOX_* variables that are no setting of the
-# appliance (the plugin's own TURINGBOX_GDN_LIB, TURINGBOX_PRUNE_AUTOTUNE) pass through unchanged.
-
-
 def parent_env() -> Mapping[str, str]:
     """The environment vLLM inherits: this process's own. The one place the appliance reads the ambient
     environment for the engine (serve and warmup build vLLM's environment from it with vllm_env)."""
     return os.environ
-
-
-def own_variables(parent: Mapping[str, str]) -> list[str]:
-    """The variables of `parent` that name one of the appliance's declared settings."""
-    names = {s.env_name for s in settings.REGISTRY.values()}
-    return sorted(k for k in parent if k in names)
 
 
 def vllm_argv(vllm_args: Sequence[str], upstream_port: int, passthrough: list[str], vllm_command: str | None,
@@ -73,11 +59,11 @@ OPERATOR_WINS = ("VLLM_WORKER_MULTIPROC_METHOD",)
 
 def vllm_env(parent: Mapping[str, str], plan_env: Mapping[str, Any] | None,
              extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """vLLM's process environment: the parent's without the appliance's own settings, then the plan's env
-    (the resolved values; None unsets a variable, e.g. VLLM_PLUGINS; OPERATOR_WINS only where the parent lacks
-    them), then extra (the cache paths)."""
-    own = set(own_variables(parent))
-    env = {k: v for k, v in parent.items() if k not in own}
+    """vLLM's process environment: the parent's, then the plan's env (the resolved values, the plugin
+    contract's ENGINE_ENV among them; None unsets a variable, e.g. VLLM_PLUGINS; OPERATOR_WINS only where the
+    parent lacks them), then extra (the cache paths). The appliance's own TURINGBOX_* settings stay: the plugin
+    reads only its contract (additional_config and ENGINE_ENV, which the plan overrides)."""
+    env = dict(parent)
     for k, v in (plan_env or {}).items():
         if k in OPERATOR_WINS and parent.get(k):
             continue

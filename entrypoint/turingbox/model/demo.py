@@ -19,10 +19,10 @@ from turingbox.errors import UsageError
 from turingbox.model import tokenizer as demo_tokenizer
 from turingbox.settings import DEMO_SETTINGS, FULL_ATTENTION_INTERVAL  # noqa: F401  (re-exported)
 from turingbox.settings import demo_layers as _demo_layers
+from turingbox_plugin.contract import DEMO_MARKER  # the key in config.json that marks a demo model
 
 DEMO_SOURCE = "qwen3.6-27b"
 DEMO_DIR_NAME = "turingbox-demo-qwen3.6-27b"
-DEMO_MARKER = "turingbox_demo"            # same key as turingbox_plugin.model_config.DEMO_MARKER
 DEMO_FORMAT_KEY = "turingbox_demo_format"
 # Bump when the written files change shape, so existing demo dirs are rebuilt.
 DEMO_FORMAT_VERSION = 1

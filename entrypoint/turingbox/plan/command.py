@@ -54,7 +54,7 @@ def _load_model(path: str):
                          + (f" (here {os.path.dirname(path)})." if os.path.basename(path) == "config.json" else "."))
     if not os.path.exists(path):
         raise UsageError(f"{where} does not exist; it must be the model directory that holds config.json.")
-    from turingbox_plugin.model_config import load_model_config
+    from turingbox_plugin.contract import load_model_config
     try:
         return load_model_config(path)
     except ToolError as exc:       # one sentence either way; callers catch UsageError
@@ -75,12 +75,12 @@ def _plan_hub(inventory, values: dict, software: dict, write: bool) -> Plan:
     from turingbox.model import hub
     from turingbox.plan.planner import make_plan
     from turingbox_plugin.errors import ToolError
-    from turingbox_plugin.model_config import _from_dict
+    from turingbox_plugin.contract import model_config_from_dict
 
     source = hub.model_config(values["model"], values.get("model_revision"), values["models_dir"], write=write)
     digest = hashlib.sha256(json.dumps(source.config, sort_keys=True).encode()).hexdigest()   # load_model_config's
     try:
-        model = _from_dict(source.config, source.path, digest)
+        model = model_config_from_dict(source.config, source.path, digest)
     except ToolError as exc:
         raise UsageError(f"{values['model']}: {exc}") from None
     except (TypeError, ValueError, KeyError) as exc:
@@ -125,7 +125,7 @@ def _plan_demo(inventory, values: dict, args, env: Mapping[str, str] | None, sof
 
     from turingbox.model import demo
     from turingbox.plan.planner import make_plan
-    from turingbox_plugin.model_config import _from_dict
+    from turingbox_plugin.contract import model_config_from_dict
 
     if not values.get("models_dir"):
         raise UsageError("no model is configured and TURINGBOX_MODELS_DIR is empty; set --model or --models-dir.")
@@ -152,7 +152,7 @@ def _plan_demo(inventory, values: dict, args, env: Mapping[str, str] | None, sof
         cfg = demo.make_config(awq, layers)
         digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
         try:
-            plan = make_plan(inventory, _from_dict(cfg, target, digest), values, software)
+            plan = make_plan(inventory, model_config_from_dict(cfg, target, digest), values, software)
         except PlanError as exc:
             if first is None:
                 first = (describe(awq, cfg), exc)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from turingbox_plugin.model_config import ModelConfig
+from turingbox_plugin.contract import ModelConfig
 
 GIB = 1 << 30
 MIB = 1 << 20

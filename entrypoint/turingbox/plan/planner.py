@@ -21,7 +21,7 @@ from turingbox.plan import arch as archmod
 from turingbox.plan import memory as mem
 from turingbox.plan.types import Plan, PluginConfig
 from turingbox.settings import OBJECTIVES, PLANNER_DEFAULTS, REGISTRY
-from turingbox_plugin.model_config import ModelConfig
+from turingbox_plugin.contract import ModelConfig
 
 WORKER_CLS = "turingbox_plugin.worker.TuringboxWorker"
 CONTEXT_ROUNDING = 256          # a shrunk max_model_len is rounded down to this

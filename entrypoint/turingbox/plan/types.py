@@ -14,27 +14,8 @@ import copy
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-
-@dataclass(frozen=True)
-class PluginConfig:
-    """additional_config["turingbox"]: what the vLLM plugin (turingbox_plugin.settings) reads."""
-    strict_warmup: bool
-    require_plugin: bool
-    gdn: str
-    num_speculative_tokens: int
-    max_num_seqs: int
-    cudagraph_capture_sizes: tuple[int, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: _to_json(getattr(self, f.name)) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> PluginConfig:
-        _require(d, cls, "plugin")
-        return cls(strict_warmup=bool(d["strict_warmup"]), require_plugin=bool(d["require_plugin"]),
-                   gdn=str(d["gdn"]), num_speculative_tokens=int(d["num_speculative_tokens"]),
-                   max_num_seqs=int(d["max_num_seqs"]),
-                   cudagraph_capture_sizes=tuple(int(x) for x in d["cudagraph_capture_sizes"]))
+# additional_config["turingbox"]: the plugin's contract, typed once there (the plan's "plugin" key)
+from turingbox_plugin.contract import PluginConfig
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ import uvicorn
 from turingbox import settings
 from turingbox.engine.launch import (MASK, SECRET_FLAGS, EngineNotAnswering, flag_value,
                                      flag_values, free_loopback_port, health_client, instance_runtime_dir,
-                                     mask_argv, own_variables, parent_env, read_workers, vllm_argv, vllm_env,
+                                     mask_argv, parent_env, read_workers, vllm_argv, vllm_env,
                                      wait_until_answering, worker_check)
 from turingbox.engine.diagnosis import FailureDiagnosis
 from turingbox.engine.supervisor import Supervisor, describe_exit
@@ -422,9 +422,6 @@ class Controller:
 
         # 2. caches
         env = vllm_env(parent_env(), plan.env, await self._prepare_cache(plan))
-        dropped = own_variables(parent_env())
-        if dropped:
-            log.info("not passed to vLLM (resolved by turingbox; the plan carries the values): %s", ", ".join(dropped))
 
         # 3. vLLM, with status files in a directory of this instance's own under the configured runtime dir:
         # two instances on one host (two compose services, serve beside a warmup) must not read each other's.

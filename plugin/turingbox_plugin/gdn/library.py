@@ -14,7 +14,7 @@ from pathlib import Path
 
 LIB_NAME = "libturingbox_gdn.so"
 ABI_VERSION = 1
-ENV_LIB = "TURINGBOX_GDN_LIB"
+from turingbox_plugin.contract import GDN_LIB_ENV as ENV_LIB, gdn_library_override
 
 _c_ll = ctypes.c_longlong
 _c_int = ctypes.c_int
@@ -45,10 +45,8 @@ _loaded: dict[str, ctypes.CDLL] = {}
 
 
 def library_path(env: dict | None = None) -> Path:
-    """Where the library is expected: $TURINGBOX_GDN_LIB, else the package's lib/ folder."""
-    # environ: TURINGBOX_GDN_LIB: the plugin's own library path (set by the image), not an appliance setting
-    env = os.environ if env is None else env
-    override = env.get(ENV_LIB)
+    """Where the library is expected: the contract's GDN_LIB_ENV, else the package's lib/ folder."""
+    override = gdn_library_override(env)
     if override:
         return Path(override)
     return Path(__file__).resolve().parent.parent / "lib" / LIB_NAME

@@ -339,10 +339,12 @@ def write(files: dict[str, list[dict[str, Any]]], out_dir: str) -> list[str]:
 
 
 def default_vllm_src() -> str:
+    """vLLM 0.21's package directory: installed, TURINGBOX_VLLM_SRC, or the copy `make test-setup` unpacks (the one
+    definition; flashinfer_aot and the tests use it)."""
     import importlib.util
     try:
         spec = importlib.util.find_spec("vllm")
-    except ImportError:
+    except (ImportError, ValueError):
         spec = None
     if spec is not None and spec.submodule_search_locations:
         return list(spec.submodule_search_locations)[0]
