@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from turingbox_plugin.model_config import DEMO_MARKER, ModelConfig, load_model_config, model_config_from_dict
 
 __all__ = ["CONFIG_KEY", "GDN_MODES", "PluginConfig", "ENGINE_ENV", "RUNTIME_DIR_ENV", "BENCHMARK_MODE_ENV",
-           "GDN_LIB_ENV", "BENCH_URL_ENV", "API_KEY_ENV", "read_engine_env", "client_defaults", "turingbox_section", "STATUS_STAGES", "STATUS_KEYS", "status_path",
+           "GDN_LIB_ENV", "BENCH_URL_ENV", "API_KEY_ENV", "read_engine_env", "client_defaults", "turingbox_section", "STATUS_STAGES", "STATUS_KEYS", "status_path", "status_rank",
            "ModelConfig", "load_model_config", "model_config_from_dict", "DEMO_MARKER"]
 
 CONFIG_KEY = "turingbox"                 # the plugin's key inside vLLM's additional_config
@@ -171,6 +171,16 @@ STATUS_STAGES = ("starting", "loading", "compiling", "warming", "ready", "failed
 # keys every status file has (informative extras beside them): "warmup" is {"kernels", "seconds", "ok",
 # "error"}, "jit_after_ready" {kernel: count}, "active" {path: what it says}
 STATUS_KEYS = ("plugin_version", "pid", "rank", "stage", "warmup", "jit_after_ready", "gdn_path", "active")
+
+
+def status_rank(parallel_config: Any, rank: int) -> int:
+    """The worker's number among all engines' workers: data-parallel engine index x workers per engine + the
+    worker's rank in its engine. vLLM 0.21 runs a dense model's DP engines independently (each engine's
+    parallel_config says data_parallel_size 1, rank 0..TP-1) and keeps the engine's index in
+    data_parallel_index, so without it two engines' rank-0 workers would write one status file."""
+    index = int(getattr(parallel_config, "data_parallel_index", 0) or 0)
+    per_engine = int(getattr(parallel_config, "world_size", 1) or 1)
+    return index * per_engine + int(rank)
 
 
 def status_path(runtime_dir: str, rank: int) -> str:

@@ -63,7 +63,9 @@ def unsupported_reason(vllm_config: Any) -> str | None:
     if getattr(pc, "pipeline_parallel_size", 1) > 1:
         return "pipeline parallelism is not supported by the turingbox warmup"
     if getattr(pc, "data_parallel_size", 1) > 1:
-        return "data parallelism is not supported by the turingbox warmup"
+        # vLLM 0.21 leaves data_parallel_size > 1 only for MoE engines, which step in lockstep; a dense model's DP
+        # engines run independently (data_parallel_size 1 each) and each warms up on its own
+        return "a MoE model's data-parallel engines step in lockstep, which the turingbox warmup does not drive"
     if getattr(vllm_config, "kv_transfer_config", None) is not None:
         return "a KV connector is configured; the turingbox warmup would send dummy KV through it"
     if getattr(vllm_config.model_config, "runner_type", "generate") != "generate":

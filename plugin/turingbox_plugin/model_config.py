@@ -50,6 +50,7 @@ class ModelConfig:
     quantization: Quantization | None = None
     has_vision: bool = False
     is_demo: bool = False
+    num_experts: int = 0                         # routed experts, read as vLLM 0.21 reads them; 0: a dense model
     config_hash: str = ""                        # sha256 of the canonical config.json
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -60,6 +61,11 @@ class ModelConfig:
     @property
     def num_linear_attention_layers(self) -> int:
         return sum(1 for t in self.layer_types if t == "linear_attention")
+
+    @property
+    def is_moe(self) -> bool:
+        """vLLM's ModelConfig.is_moe: it keeps MoE data-parallel engines in lockstep, dense ones independent."""
+        return self.num_experts > 0
 
     @property
     def has_mtp(self) -> bool:
@@ -100,6 +106,21 @@ def load_model_config(model_dir: str) -> ModelConfig:
         raise
     except (TypeError, ValueError, KeyError) as exc:
         raise ToolError(f"{path} has an unexpected value ({exc}).") from None
+
+
+# vLLM 0.21's ModelArchConfigConvertor.get_num_experts: the first of these names in the text config, else the
+# largest n_routed_experts of a "moe" block in block_configs.
+EXPERT_NAMES = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
+
+
+def num_experts(text: dict) -> int:
+    n = next((text[k] for k in EXPERT_NAMES if k in text), 0)      # vLLM's getattr_iter: the first name present
+    if isinstance(n, list):
+        n = n[0] if n else 0
+    if not n:
+        n = max((int(b.get("n_routed_experts") or 0) for b in text.get("block_configs") or ()
+                 if isinstance(b, dict) and b.get("block_type") == "moe"), default=0)
+    return int(n or 0)
 
 
 def model_config_from_dict(cfg: dict, model_dir: str, config_hash: str) -> ModelConfig:
@@ -151,6 +172,7 @@ def model_config_from_dict(cfg: dict, model_dir: str, config_hash: str) -> Model
         quantization=quant,
         has_vision="vision_config" in cfg,
         is_demo=bool(cfg.get(DEMO_MARKER)),
+        num_experts=num_experts(text),
         config_hash=config_hash,
         extra={"raw": cfg},
     )

@@ -19,6 +19,7 @@ from vllm.v1.worker.gpu_worker import Worker
 
 from turingbox_plugin import __version__
 from turingbox_plugin.activation import PluginSettings, resolve_settings
+from turingbox_plugin.contract import status_rank
 from turingbox_plugin.jit_accounting import JitAccountant
 from turingbox_plugin.status import StatusWriter
 
@@ -59,12 +60,14 @@ class TuringboxWorker(Worker):
         except ValueError as exc:
             raise _startup_fail(f"bad plugin configuration: {exc}.") from None
         s = self.tb_settings
+        # this worker's number across data-parallel engines (status and key-log files are per worker)
+        self.tb_rank = status_rank(getattr(self.vllm_config, "parallel_config", None), self.rank)
         runtime_dir = s.runtime_dir    # the contract's engine variable (activation.py)
         key_log = None
         if s.active and runtime_dir:
             from turingbox_plugin.jit_report import key_log_path
 
-            key_log = key_log_path(runtime_dir, self.rank)
+            key_log = key_log_path(runtime_dir, self.tb_rank)
             with contextlib.suppress(OSError):
                 os.makedirs(runtime_dir, exist_ok=True)
                 open(key_log, "w").close()       # this start's compiles only
@@ -73,7 +76,7 @@ class TuringboxWorker(Worker):
         self.tb_active_paths: dict[str, Any] = {}
         if not s.active:
             return
-        self.tb_status = StatusWriter(runtime_dir, self.rank, {
+        self.tb_status = StatusWriter(runtime_dir, self.tb_rank, {
             "plugin_version": __version__, "stage": "starting", "gdn_path": "vllm",
             "settings": s.to_dict(), "active": {}})
         # Count every compile in this process from now on; vLLM's monitor will chain to us later.
@@ -168,7 +171,8 @@ class TuringboxWorker(Worker):
         with deferred_jit_monitor() as monitor_calls, self.tb_launches.recording():
             result = super().compile_or_warm_up_model(*args, **kwargs)
         summary = self._plan_summary()
-        log.info("turingbox plugin %s active in worker rank %d (pid %d)", __version__, self.rank, os.getpid())
+        log.info("turingbox plugin %s active in worker %d (rank %d of its engine, pid %d)", __version__, self.tb_rank,
+                 self.rank, os.getpid())
         log.info("turingbox plan: TP %d, MTP depth %d, KV dtype %s, backend %s, max_num_seqs %d, "
                  "capture sizes %s", summary["tensor_parallel_size"], summary["num_speculative_tokens"],
                  summary["kv_cache_dtype"], ",".join(summary["attention_backends"]) or "?",
@@ -195,7 +199,7 @@ class TuringboxWorker(Worker):
             self.tb_status.update(warmup=warmup)
             if s.strict_warmup:
                 self._set_failed(f"strict warmup failed: {error}")
-                raise _startup_fail(f"strict warmup failed on rank {self.rank}: {error}")
+                raise _startup_fail(f"strict warmup failed on worker {self.tb_rank}: {error}")
             log.warning("turingbox: warmup failed (not strict, continuing): %s", error)
         # Ready: from here on every compile is a JIT on the request path.
         self.tb_accountant.mark_ready()

@@ -13,7 +13,7 @@ received them. A request
 whose client goes away (connection closed) before its answer is complete, stream or not, gets a "cancelled"
 event: vLLM 0.21 aborts such a request (its disconnect handling), so this is the record of an abort. Like vLLM 0.21 it binds its port first and answers only once
 its (simulated) engine is up, printing vLLM's own stage log lines on the way. Like the
-turingbox plugin, it writes `<runtime_dir>/worker-<rank>.json` for each TP rank.
+turingbox plugin, it writes `<runtime_dir>/worker-<n>.json` for each worker (TP ranks x DP engines).
 
 Switches: a `--fake-NAME VALUE` flag (e.g. after `turingbox serve ... --`) or the environment
 variable FAKE_VLLM_NAME (upper case, '-' -> '_'):
@@ -75,6 +75,8 @@ DEFAULTS = {
     "graphs": "",
     "keepalive-race-methods": "GET",
     "eos-after": "0", "check-model": "0",
+    # data-parallel engines whose workers report (empty: all); fewer stands for an engine whose plugin is not active
+    "engines-reporting": "",
 }
 RECORDED_FIELDS = ("n", "max_tokens", "max_completion_tokens", "max_output_tokens", "model", "stream", "use_beam_search",
                    "best_of", "temperature")
@@ -116,6 +118,7 @@ def parse(argv: list[str]) -> dict:
             "port": int(flag_value(argv, "--port") or 8000),
             "served": names[0], "served_names": names,
             "tp": int(flag_value(argv, "--tensor-parallel-size") or 1),
+            "dp": int(flag_value(argv, "--data-parallel-size") or 1),
             "api_key": flag_value(argv, "--api-key"),
             "speculative": flag_value(argv, "--speculative-config") is not None}
     extra = flag_value(argv, "--additional-config")
@@ -467,7 +470,10 @@ def write_worker_status() -> None:
         name, _, count = item.partition("=")
         jit[name] = int(count or 1)
     os.makedirs(runtime_dir, exist_ok=True)
-    for rank in range(O["tp"]):
+    # one file per worker of every data-parallel engine, numbered engine x TP + rank as the plugin's
+    # contract.status_rank numbers them (vLLM runs a dense model's DP engines independently)
+    engines = int(O["engines-reporting"]) if O["engines-reporting"] else O["dp"]
+    for rank in range(O["tp"] * engines):
         ok = O["plugin"] == "ok"
         status = {"plugin_version": "fake", "pid": os.getpid(), "rank": rank, "stage": "ready" if ok else "failed",
                   "warmup": {"kernels": 7, "seconds": 0.1, "ok": ok, "error": None if ok else "fake warmup failure"},

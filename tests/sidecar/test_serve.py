@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import socket
@@ -12,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from sidecar_harness import FAKE_VLLM, H200, NO_GPUS, Serve, make_model_dir, pid_alive, sse_events, wait_until
+from sidecar_harness import FAKE_VLLM, H200, NO_GPUS, REPO, Serve, make_model_dir, pid_alive, sse_events, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -555,6 +556,25 @@ def test_serve_removes_its_temporary_dirs_on_every_exit(serve_factory, tmp_path,
             assert volume.is_file()
     finally:
         busy.release(force=True)
+
+
+def test_throughput_plans_dp_with_the_strict_warmup_and_serve_waits_for_every_engine(serve_factory):
+    """Issue 37: 8 x H100 with the 27B model and TURINGBOX_OBJECTIVE=throughput, strict warmup on (the default):
+    DP=8 of TP=1; serve is ready only when the workers of all eight engines reported their warmup, and refuses to
+    serve when one engine's did not (require_plugin, the default)."""
+    gpus = os.path.join(REPO, "tests", "fixtures", "gpus", "8xh100.json")
+    s = serve_factory(gpus_json=gpus, env={"TURINGBOX_OBJECTIVE": "throughput"})
+    s.wait_ready()
+    plan = s.get("/turingbox/plan").json()
+    assert (plan["tensor_parallel_size"], plan["data_parallel_size"]) == (1, 8)
+    assert plan["plugin"]["strict_warmup"] and plan["plugin"]["require_plugin"]
+    assert "--data-parallel-size" in s.events("started")[0]["argv"]
+    assert len(re.findall(r"worker rank \d+: plugin", s.output())) == 8
+    s.close()
+
+    s = serve_factory(gpus_json=gpus, env={"TURINGBOX_OBJECTIVE": "throughput", "FAKE_VLLM_ENGINES_REPORTING": "7"})
+    assert s.proc.wait(timeout=60) != 0
+    assert "did not report from worker(s) 7 of 8" in s.output()
 
 
 def test_a_text_only_demo_forks_vllms_engine_core_unless_the_operator_says_spawn(serve_factory):

@@ -134,10 +134,18 @@ def test_worker_check():
     ok = {"rank": 0, "warmup": {"ok": True}}
     assert worker_check([ok, dict(ok, rank=1)], 2, True) is None
     msg = worker_check([ok], 2, True)
-    assert "rank(s) 1 of 2" in msg and msg.endswith("?")
+    assert "worker(s) 1 of 2" in msg and msg.endswith("?")
     msg = worker_check([ok, {"rank": 1, "warmup": {"ok": False, "error": "JIT after warmup: k1"}}], 2, True)
-    assert msg == "The plugin's strict warmup failed on rank 1 (JIT after warmup: k1) while require_plugin is on."
+    assert msg == "The plugin's strict warmup failed on worker 1 (JIT after warmup: k1) while require_plugin is on."
     assert worker_check([], 4, False) is None
+    # TP=2 x DP=2: the second engine's workers are 2 and 3 (contract.status_rank); both engines must report
+    assert worker_check([dict(ok, rank=r) for r in range(4)], 2, True, data_parallel_size=2) is None
+    msg = worker_check([ok, dict(ok, rank=1)], 2, True, data_parallel_size=2)
+    assert "worker(s) 2, 3 of 4" in msg
+    # the seed's check counts every engine's workers too
+    from turingbox.serve.warmup_command import strict_warmup_problems
+    assert strict_warmup_problems([dict(ok, rank=r) for r in range(4)], 2, 2) == []
+    assert strict_warmup_problems([ok, dict(ok, rank=1)], 2, 2) == ["2 of 4 workers reported their warmup"]
 
 
 def test_vllm_argv_and_passthrough():

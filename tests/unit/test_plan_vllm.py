@@ -170,3 +170,53 @@ def test_mtp_refused_parameters_are_vllms(vllm_cpu):
     refused = sorted(set(__import__("re").findall(r"self\.(\w+)", src)))
     assert refused == sorted(["min_p", "logit_bias"]), refused
     assert AWQ  # the AWQ model config of the seed is among the plans above
+
+
+def test_dp_engines_of_a_dense_model_each_run_the_strict_warmup(vllm_cpu, tmp_path):
+    """Issue 37: the throughput objective plans DP with the strict warmup on for a dense model (8 x H100, the 27B
+    architecture), because vLLM 0.21 runs a dense model's data-parallel engines independently: each engine core's
+    parallel_config gets data_parallel_size 1 and keeps its index in data_parallel_index (EngineCoreProc.run_engine_core,
+    asserted on vLLM's source). On vLLM's real ParallelConfig, rewritten as that code does, the plugin's driver accepts
+    every engine, and the status files of all engines' workers are distinct and what the appliance's check expects."""
+    import inspect
+    from types import SimpleNamespace
+
+    from vllm.config import ParallelConfig
+    from vllm.v1.engine import core
+
+    from turingbox.engine.launch import worker_check
+    from turingbox_plugin.contract import status_rank
+    from turingbox_plugin.driver import unsupported_reason
+
+    model = load_model_config(write_model(tmp_path, "qwen-bf16"))
+    assert not model.is_moe
+    plan = make_plan(read_inventory(str(FIXTURES / "8xh100.json"), {}), model, {"objective": "throughput"}, SOFTWARE)
+    assert plan.plugin.strict_warmup and plan.data_parallel_size >= 2, (plan.tensor_parallel_size, plan.reasons)
+
+    source = inspect.getsource(core.EngineCoreProc.run_engine_core)
+    assert "if data_parallel and vllm_config.model_config.is_moe:" in source
+    for line in ("parallel_config.data_parallel_size = 1", "parallel_config.data_parallel_index = dp_rank"):
+        assert line in source, line
+
+    workers = []
+    for dp_rank in range(plan.data_parallel_size):
+        pc = ParallelConfig(tensor_parallel_size=plan.tensor_parallel_size,
+                            data_parallel_size=plan.data_parallel_size, data_parallel_rank=dp_rank)
+        assert pc.data_parallel_index == dp_rank
+        # run_engine_core, dense model: an independent engine
+        pc.data_parallel_index = dp_rank
+        pc.data_parallel_size = pc.data_parallel_size_local = 1
+        pc.data_parallel_rank = 0
+        engine = SimpleNamespace(parallel_config=pc, kv_transfer_config=None,
+                                 model_config=SimpleNamespace(runner_type="generate"))
+        assert unsupported_reason(engine) is None
+        workers += [{"rank": status_rank(pc, r), "warmup": {"ok": True}} for r in range(pc.world_size)]
+    ranks = [w["rank"] for w in workers]
+    assert sorted(ranks) == list(range(plan.tensor_parallel_size * plan.data_parallel_size))
+    assert worker_check(workers, plan.tensor_parallel_size, True, plan.data_parallel_size) is None
+    assert worker_check(workers[:-1], plan.tensor_parallel_size, True, plan.data_parallel_size) is not None
+
+    # a MoE model's engines keep data_parallel_size > 1 (DPEngineCoreProc, lockstep): the driver refuses them
+    moe = ParallelConfig(tensor_parallel_size=1, data_parallel_size=2, data_parallel_rank=1)
+    assert "lockstep" in unsupported_reason(SimpleNamespace(parallel_config=moe, kv_transfer_config=None,
+                                                            model_config=SimpleNamespace(runner_type="generate")))

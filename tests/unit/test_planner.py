@@ -39,8 +39,11 @@ def architecture() -> dict:
     raise FileNotFoundError("qwen3.6-27b.json architecture not found")
 
 
-def write_model(root: Path, name: str, awq: bool = False, mtp: bool = True, demo: bool = False) -> str:
+def write_model(root: Path, name: str, awq: bool = False, mtp: bool = True, demo: bool = False,
+                experts: int = 0) -> str:
     cfg = copy.deepcopy(architecture())
+    if experts:
+        cfg["text_config"]["num_experts"] = experts     # how vLLM 0.21 tells a MoE model (get_num_experts)
     if awq:
         cfg["quantization_config"] = copy.deepcopy(AWQ)
     if not mtp:
@@ -64,6 +67,7 @@ def models(tmp_path_factory):
         "awq": load_model_config(write_model(root, "qwen-awq", awq=True)),
         "bf16": load_model_config(write_model(root, "qwen-bf16")),
         "nomtp": load_model_config(write_model(root, "qwen-awq-nomtp", awq=True, mtp=False)),
+        "moe": load_model_config(write_model(root, "qwen-awq-moe", awq=True, experts=8)),
         "demo": load_model_config(write_model(root, "qwen-demo", demo=True)),
     }
 
@@ -290,8 +294,21 @@ def _latency_default(p):
 
 
 def _throughput_strict(p):
+    # a dense model: vLLM runs its DP engines independently, each with its own strict warmup
+    assert (p.tensor_parallel_size, p.data_parallel_size) == (2, 2) and p.plugin.strict_warmup
+    assert has_pair(p.vllm_args, "--data-parallel-size", "2")
+    assert any(r.startswith("DP=2:") and "its own strict warmup" in r for r in p.reasons)
+
+
+def _throughput_moe_strict(p):
+    # a MoE model's DP engines step in lockstep, which the strict warmup does not drive
     assert (p.tensor_parallel_size, p.data_parallel_size) == (4, 1)
-    assert any("TURINGBOX_STRICT_WARMUP=0" in r for r in p.reasons)
+    assert any("TURINGBOX_STRICT_WARMUP=0" in r and "MoE model (8 experts)" in r for r in p.reasons)
+
+
+def _h100_dp8_strict(p):
+    assert (p.tensor_parallel_size, p.data_parallel_size) == (1, 8) and p.plugin.strict_warmup
+    assert any(r.startswith("DP=8:") and "its own strict warmup" in r for r in p.reasons)
 
 
 def _throughput_dp(p):
@@ -349,8 +366,11 @@ CASES = [
     ("len-at-the-request-bound", "4x2080ti-22g", "awq", {"max_model_len": 256, "mtp": 0}, None,
      lambda p: p.max_model_len == 256 or pytest.fail("256 tokens is one chat turn without MTP")),
     ("latency-default-keeps-tp4", "4x2080ti-22g", "awq", {}, None, _latency_default),
-    ("throughput-waits-for-strict-warmup", "4x2080ti-22g", "awq", {"objective": "throughput"}, None,
+    ("throughput-dp-with-strict-warmup", "4x2080ti-22g", "awq", {"objective": "throughput"}, None,
      _throughput_strict),
+    ("throughput-moe-waits-for-strict-warmup", "4x2080ti-22g", "moe", {"objective": "throughput"}, None,
+     _throughput_moe_strict),
+    ("throughput-8xh100-dp8-strict", "8xh100", "bf16", {"objective": "throughput"}, None, _h100_dp8_strict),
     ("throughput-dp2-tp2", "4x2080ti-22g", "awq", {"objective": "throughput", "strict_warmup": False}, None,
      _throughput_dp),
     ("throughput-8xh100-dp8", "8xh100", "bf16", {"objective": "throughput", "strict_warmup": False}, None,
@@ -614,3 +634,17 @@ def test_a_configured_model_answers_to_one_name(models):
     p = plan_for(models, "1xh200", "bf16")
     assert served_names(p) == ["qwen-bf16"] and not any(r.startswith("served as") for r in p.reasons)
     assert served_names(plan_for(models, "1xh200", "bf16", served_model_name="box")) == ["box"]
+
+
+@pytest.mark.parametrize("text,experts", [
+    ({}, 0), ({"num_experts": 64}, 64), ({"moe_num_experts": 16}, 16), ({"n_routed_experts": 256}, 256),
+    ({"num_local_experts": 8}, 8), ({"num_experts": [32, 32]}, 32), ({"num_experts": None, "num_local_experts": 4}, 0),
+    ({"block_configs": [{"block_type": "moe", "n_routed_experts": 128}, {"block_type": "attention"}]}, 128),
+])
+def test_num_experts_read_as_vllm_reads_them(text, experts):
+    """ModelConfig.is_moe decides whether DP runs with the strict warmup; vLLM 0.21's get_num_experts is the rule."""
+    from turingbox_plugin.contract import model_config_from_dict
+    cfg = copy.deepcopy(architecture())
+    cfg["text_config"].update(text)
+    m = model_config_from_dict(cfg, "/m", "h")
+    assert (m.num_experts, m.is_moe) == (experts, experts > 0)

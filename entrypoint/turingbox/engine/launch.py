@@ -108,27 +108,30 @@ def mask_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def worker_check(workers: list[dict], tensor_parallel_size: int, require_plugin: bool) -> str | None:
-    """None when the workers are fit to serve; otherwise one sentence saying what is wrong."""
+def worker_check(workers: list[dict], tensor_parallel_size: int, require_plugin: bool,
+                 data_parallel_size: int = 1) -> str | None:
+    """None when the workers are fit to serve; otherwise one sentence saying what is wrong. Every worker of every
+    data-parallel engine reports (the plugin numbers them engine x TP + rank: contract.status_rank)."""
     by_rank = {}
     for w in workers:
         try:
             by_rank[int(w.get("rank"))] = w
         except (TypeError, ValueError):
             continue
-    missing = [r for r in range(tensor_parallel_size) if r not in by_rank]
+    expected = tensor_parallel_size * max(1, data_parallel_size)
+    missing = [r for r in range(expected) if r not in by_rank]
     failed = [(r, (by_rank[r].get("warmup") or {})) for r in sorted(by_rank)
               if not (by_rank[r].get("warmup") or {}).get("ok")]
     if not require_plugin:
         return None
     if missing:
         ranks = ", ".join(map(str, missing))
-        return (f"The turingbox plugin did not report from rank(s) {ranks} of {tensor_parallel_size} while "
+        return (f"The turingbox plugin did not report from worker(s) {ranks} of {expected} while "
                 "require_plugin is on: is turingbox-plugin installed where vLLM runs and VLLM_PLUGINS not empty?")
     if failed:
         rank, warm = failed[0]
         why = warm.get("error") or "no error given"
-        return f"The plugin's strict warmup failed on rank {rank} ({why}) while require_plugin is on."
+        return f"The plugin's strict warmup failed on worker {rank} ({why}) while require_plugin is on."
     return None
 
 

@@ -34,9 +34,13 @@ DEMO_TOOL_PARSER = "hermes"     # the demo model's ChatML template writes <tool_
 CHAT_TURN_TOKENS = 256
 # vLLM 0.21 sampling_params.py _validate_spec_decode: these fail (400) while speculative decoding is on.
 MTP_REFUSED_PARAMETERS = ("min_p", "logit_bias")
-# The turingbox strict warmup (plugin driver.unsupported_reason) refuses data parallelism, so DP
-# replicas are planned only when strict warmup is off.
-DP_NEEDS_STRICT_WARMUP_OFF = True
+# vLLM 0.21 runs a dense model's data-parallel engines independently (each engine's parallel_config says
+# data_parallel_size 1), so the strict warmup runs in each of them; a MoE model's DP engines step in lockstep,
+# which the strict warmup does not drive (plugin driver.unsupported_reason): DP for MoE only with it off.
+
+
+def dp_needs_strict_warmup_off(model: ModelConfig) -> bool:
+    return model.is_moe
 
 # Settings the planner reads, with their declared defaults (turingbox.settings); None means "decide automatically".
 DEFAULTS: dict[str, Any] = dict(PLANNER_DEFAULTS)
@@ -458,7 +462,7 @@ def _candidate(group: list[Gpu], model: ModelConfig, s: Mapping[str, Any], inclu
     dp_reason = ""
     built = None
     if s["tensor_parallel_size"] is not None:
-        if objective == "throughput" and n // tp > 1 and not (strict and DP_NEEDS_STRICT_WARMUP_OFF):
+        if objective == "throughput" and n // tp > 1 and not (strict and dp_needs_strict_warmup_off(model)):
             dp = n // tp
             dp_reason = (f"DP={dp}: TURINGBOX_OBJECTIVE=throughput runs {dp} replicas of the set TP={tp} on "
                          f"{dp * tp} of the {n} GPUs, each with its own scheduler and KV cache.")
@@ -470,16 +474,18 @@ def _candidate(group: list[Gpu], model: ModelConfig, s: Mapping[str, Any], inclu
             t, d, alt = smaller
             same = (f"the model also fits in {t} GPU{'s' if t > 1 else ''} with the same max_model_len "
                     f"{alt[4].max_model_len}")
-            if objective == "throughput" and strict and DP_NEEDS_STRICT_WARMUP_OFF:
-                dp_reason = (f"DP=1: TURINGBOX_OBJECTIVE=throughput, and {same}, but {d} replicas of TP={t} need "
-                             "TURINGBOX_STRICT_WARMUP=0: the turingbox strict warmup does not run under data "
-                             "parallelism yet.")
+            if objective == "throughput" and strict and dp_needs_strict_warmup_off(model):
+                dp_reason = (f"DP=1: TURINGBOX_OBJECTIVE=throughput, and {same}, but {d} replicas of TP={t} of this "
+                             f"MoE model ({model.num_experts} experts) need TURINGBOX_STRICT_WARMUP=0: vLLM steps a "
+                             "MoE model's data-parallel engines in lockstep, which the strict warmup does not drive.")
             elif objective == "throughput":
                 tp_reason = (f"TP={t}: TURINGBOX_OBJECTIVE=throughput, and {same}; {d} data-parallel replicas "
                              f"serve {d}x the sequences instead of one TP={tp} group.")
                 tp, dp, built = t, d, alt
                 dp_reason = (f"DP={d}: {d} replicas of TP={t} on {t * d} of the {n} GPUs (--data-parallel-size), "
-                             "each with its own scheduler, max_num_seqs and KV cache.")
+                             "each with its own scheduler, max_num_seqs and KV cache"
+                             + (", and its own strict warmup (vLLM runs a dense model's DP engines independently)."
+                                if strict else "."))
             else:
                 dp_reason = (f"DP=1: TURINGBOX_OBJECTIVE=latency (the default) keeps one TP={tp} group for the "
                              f"fastest single stream; {same}, so TURINGBOX_OBJECTIVE=throughput would run {d} "

@@ -551,7 +551,8 @@ class Controller:
 
     def _check_workers(self, plan: Plan) -> None:
         workers = self._worker_status()
-        problem = worker_check(workers, plan.tensor_parallel_size, plan.plugin.require_plugin)
+        problem = worker_check(workers, plan.tensor_parallel_size, plan.plugin.require_plugin,
+                               plan.data_parallel_size)
         if problem:
             raise StartupFailed(problem)
         for w in workers:

@@ -196,13 +196,16 @@ def _load_plan(args) -> Plan:
     return plan_from_args(args)
 
 
-def strict_warmup_problems(worker_status: list[Mapping[str, Any]], tensor_parallel_size: int) -> list[str]:
-    """Why the workers' own warmup reports do not prove a warm engine (empty list = they do)."""
+def strict_warmup_problems(worker_status: list[Mapping[str, Any]], tensor_parallel_size: int,
+                           data_parallel_size: int = 1) -> list[str]:
+    """Why the workers' own warmup reports do not prove a warm engine (empty list = they do): every worker of every
+    data-parallel engine must report."""
     from turingbox.engine.launch import jit_after_ready
 
     problems = []
-    if len(worker_status) < tensor_parallel_size:
-        problems.append(f"{len(worker_status)} of {tensor_parallel_size} workers reported their warmup")
+    expected = tensor_parallel_size * max(1, data_parallel_size)
+    if len(worker_status) < expected:
+        problems.append(f"{len(worker_status)} of {expected} workers reported their warmup")
     for w in worker_status:
         warm = w.get("warmup") or {}
         if not warm.get("ok"):
@@ -377,7 +380,8 @@ async def _run_engine(plan: Plan, session, timeout, passthrough, vllm_command, r
             raise SeedFailed(str(exc)) from None
         stage("engine-ready")
         stage("strict-warmup")
-        problems = strict_warmup_problems(launch.read_workers(runtime_dir), plan.tensor_parallel_size)
+        problems = strict_warmup_problems(launch.read_workers(runtime_dir), plan.tensor_parallel_size,
+                                          plan.data_parallel_size)
         if problems:
             raise SeedFailed("Strict warmup did not pass: " + "; ".join(problems) + ".")
         stage("active-warmup")
