@@ -227,6 +227,12 @@ def test_fair_ab_names_every_start_and_compares_against_plain_at_its_best(tmp_pa
     assert fair["restart"]["ratio"] == round(phases["warm"]["turingbox"]["ready_s"]
                                              / phases["warm+start3"]["plain"]["ready_s"], 3)
     assert fair["plain_default_restart"]["start"] == 4 and "restart_note" not in fair
+    # and against plain's fastest restart on record, whichever start and settings it was
+    restarts = {k: phases[k]["plain"]["ready_s"] for k in ("warm+start2", "warm+start3", "warm+default")}
+    best = min(restarts, key=restarts.get)
+    assert fair["restart_vs_plain_best"]["plain"].startswith(f"{best} (start ")
+    assert fair["restart_vs_plain_best"]["plain_restarts_s"] == sorted(restarts.values())
+    assert fair["restart_vs_plain_best"]["ratio"] == round(phases["warm"]["turingbox"]["ready_s"] / restarts[best], 3)
     # the labelled runs keep their own logs beside the baseline's
     logs = tmp_path / "work" / "logs"
     assert (logs / "warm+start3-plain.log").exists() and (logs / "warm+default-plain.log").exists()
