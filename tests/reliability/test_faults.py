@@ -34,8 +34,11 @@ def fake_pid(s) -> int:
     return wait_until(lambda: s.events("started"), 10, what="the upstream to start")[0]["pid"]
 
 
-async def stream_all(url: str, n_streams: int, max_tokens: int, timeout: float = 20.0):
-    """n concurrent chat streams; returns the raw body of each (or the exception's name)."""
+async def stream_all(url: str, n_streams: int, max_tokens: int, timeout: float = 20.0,
+                     received: dict[int, int] | None = None):
+    """n concurrent chat streams; returns the raw body of each (or the exception's name). `received` (stream ->
+    bytes so far) lets a caller wait until every stream is under way."""
+    received = {} if received is None else received
     async with httpx.AsyncClient(base_url=url, timeout=timeout, trust_env=False,
                                  limits=httpx.Limits(max_connections=n_streams)) as client:
         async def one(i: int):
@@ -45,6 +48,7 @@ async def stream_all(url: str, n_streams: int, max_tokens: int, timeout: float =
                 async with client.stream("POST", "/v1/chat/completions", json=body) as r:
                     async for piece in r.aiter_raw():
                         buf += piece
+                        received[i] = len(buf)
                 return r.status_code, bytes(buf)
             except httpx.HTTPError as exc:
                 return None, type(exc).__name__
@@ -57,9 +61,14 @@ def test_upstream_killed_under_concurrent_streams(serve_factory):
     pid = fake_pid(s)
 
     async def scenario():
-        streams = asyncio.create_task(stream_all(s.url, 16, 60))
+        received: dict[int, int] = {}
+        streams = asyncio.create_task(stream_all(s.url, 16, 60, received=received))
         await asyncio.to_thread(wait_until, lambda: len(s.events("request")) >= 16, 10)
-        await asyncio.sleep(0.3)                       # every stream is mid-way
+        # every stream is under way: each client has read its first chunks (60 chunks take 3 s each)
+        deadline = asyncio.get_running_loop().time() + 10
+        while not (len(received) == 16 and all(n > 0 for n in received.values())):
+            assert asyncio.get_running_loop().time() < deadline, f"streams under way: {received}"
+            await asyncio.sleep(0.01)
         os.kill(pid, signal.SIGKILL)
         plain = await asyncio.to_thread(s.client.post, "/v1/completions", json={"prompt": "x", "max_tokens": 1})
         return await streams, plain
