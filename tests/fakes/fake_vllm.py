@@ -292,14 +292,27 @@ class Handler(BaseHTTPRequestHandler):
                 return
             # vLLM's /tokenize answer shape; the fake's "tokenizer" is one id per character (1000 + code point)
             try:
-                prompt = str(json.loads(raw or b"{}").get("prompt", ""))
-            except (ValueError, AttributeError):
+                req = json.loads(raw or b"{}")
+                # the chat form (TokenizeChatRequest): the messages' text, as the template would join it
+                prompt = "".join(str(m.get("content") or "") for m in req["messages"]) if "messages" in req \
+                    else str(req.get("prompt", ""))
+            except (ValueError, AttributeError, TypeError):
                 self._json(400, {"error": {"message": "invalid JSON", "type": "BadRequestError", "code": 400}})
                 return
             tokens = [1000 + ord(c) for c in prompt]
             event("tokenize", prompt=prompt[:40])
             self._json(200, {"count": len(tokens), "max_model_len": int(O["max-model-len"]),
                              "tokens": tokens, "token_strs": None})
+            return
+        if path == "/detokenize":
+            if not self._authorized():
+                return
+            try:
+                text = "".join(chr(int(t) - 1000) for t in json.loads(raw or b"{}")["tokens"])
+            except (ValueError, AttributeError, TypeError, KeyError):
+                self._json(400, {"error": {"message": "invalid tokens", "type": "BadRequestError", "code": 400}})
+                return
+            self._json(200, {"prompt": text})
             return
         if path not in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
             self._json(404, {"error": {"message": f"no route {path}", "type": "NotFoundError", "code": 404}})

@@ -13,9 +13,9 @@ JIT-after-ready counters sampled from its /metrics while it runs.
   python3 tests/gpu/soak.py --verdict --tag soak64 --out $OUT
 
 Endpoints (soak_gen.py draws them): /v1/chat/completions, /v1/completions, /v1/responses (streamed and not) and
-/tokenize (both its forms). vLLM serves /tokenize at its root, which turingbox's sidecar does not proxy (it
-forwards /v1/* only): --tokenize-url sends those requests to vLLM's own port instead (default: --url, where a
-sidecar answers them 404 and the summary says so). --unstreamed-ok ENDPOINTS: a 200 with a whole JSON answer to
+/tokenize (both its forms). vLLM serves /tokenize at its root; turingbox's sidecar proxies it like /v1/*.
+--tokenize-url sends those requests elsewhere (default: --url; a server that answers them 404 is named in the
+summary). --unstreamed-ok ENDPOINTS: a 200 with a whole JSON answer to
 a stream request of these endpoints is read as the answer (and counted in the summary), for a stand-in engine
 that does not stream them; without it such an answer is a stream error.
 
@@ -558,7 +558,7 @@ def summarize(records: list[dict], jit_samples: list[dict], meta: dict) -> dict:
         notes.append(f"{sum(stream_err.values())} 200 streams with an error: {dict(stream_err)}")
     if tokenize_404:
         notes.append(f"{tokenize_404} /tokenize requests answered 404: the server at --url does not serve /tokenize "
-                     "(turingbox's sidecar proxies /v1/* only); --tokenize-url sends them to vLLM's own port")
+                     "; --tokenize-url sends them elsewhere")
     if whole:
         notes.append(f"{whole} stream requests answered with a whole JSON body (--unstreamed-ok)")
     return {
@@ -873,7 +873,7 @@ def main() -> int:
     ap.add_argument("--mtp", type=int, default=None, help="override: 1 = the server refuses min_p/logit_bias")
     ap.add_argument("--api-key", default=os.environ.get("TURINGBOX_API_KEY", ""))
     ap.add_argument("--tokenize-url", default="",
-                    help="where /tokenize requests go (default --url); vLLM's own port behind turingbox's sidecar")
+                    help="where /tokenize requests go (default --url)")
     ap.add_argument("--unstreamed-ok", default="", metavar="ENDPOINTS",
                     help="comma list (e.g. responses): read a whole JSON 200 to a stream request of these endpoints "
                          "as its answer (a stand-in engine that does not stream them)")

@@ -13,7 +13,7 @@ when NOT_DRAWN or REFUSED_ONLY names a field the class no longer has, and when v
 
 Endpoints: chat (/v1/chat/completions), completions (/v1/completions), responses (/v1/responses, streaming and
 not) and tokenize (/tokenize, the completion form {"model", "prompt"} and the chat form {"model", "messages"};
-vLLM serves it at the root, and the turingbox sidecar proxies /v1/* only: soak.py --tokenize-url).
+vLLM serves it at the root, and the turingbox sidecar proxies it like /v1/*).
 
 Notes from vLLM 0.21's source that shape what is drawn here:
   - 0.21's CompletionRequest has no `best_of` (an extra field: allowed, logged, ignored); chat has no best_of.

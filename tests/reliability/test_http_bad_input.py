@@ -71,7 +71,7 @@ def test_schemathesis_finds_no_server_error_and_a_conforming_schema(server):
         pytest.skip("schemathesis is not installed (pip install schemathesis)")
     schema = server.get("/openapi.json").json()
     assert set(schema["paths"]) == {"/health/live", "/health/ready", "/health/startup", "/metrics",
-                                    "/turingbox/plan", "/turingbox/limits", "/v1/{path}"}
+                                    "/turingbox/plan", "/turingbox/limits", "/v1/{path}", "/tokenize", "/detokenize"}
     assert set(schema["paths"]["/v1/{path}"]) == {"get", "post"}
     assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     report = os.path.join(server.tmp, "junit.xml")

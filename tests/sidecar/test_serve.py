@@ -201,6 +201,28 @@ def test_no_secret_in_plan_or_logs(server):
         ["API key: on (/v1/* and /turingbox/plan need 'Authorization: Bearer <key>')"]
 
 
+def test_vllms_token_routes_are_proxied_like_v1(server):
+    """vLLM serves /tokenize and /detokenize beside /v1; a client of vLLM's server (the soak among them) counts
+    tokens with them. They pass through the proxy with the same API key, readiness and metrics as /v1."""
+    body = {"model": "m", "prompt": "hello"}
+    assert server.client.post("/tokenize", json=body).status_code == 401
+    r = server.client.post("/tokenize", json=body, headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert r.json()["count"] == 5 and r.json()["tokens"] == [1000 + ord(c) for c in "hello"]
+    assert server.events("tokenize")[-1]["prompt"] == "hello"
+    back = server.client.post("/detokenize", json={"model": "m", "tokens": r.json()["tokens"]}, headers=AUTH)
+    assert back.status_code == 200 and back.json() == {"prompt": "hello"}
+    chat = server.client.post("/tokenize", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                              headers=AUTH)
+    assert chat.status_code == 200 and chat.json()["count"] == 2
+    wait_until(lambda: 'turingbox_proxy_requests_total{code="200",route="tokenize"}' in server.metrics(), 10,
+               what="/tokenize counted in /metrics")
+    schema = server.get("/openapi.json").json()
+    assert schema["paths"]["/tokenize"]["post"]["security"] == [{"bearer": []}]
+    get = server.get("/tokenize", headers=AUTH)              # vLLM's routes take POST only
+    assert get.status_code == 405 and get.headers["allow"] == "POST"
+
+
 def test_metrics(server):
     def sample(text: str, line_start: str) -> float:
         values = [float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(line_start + " ")]

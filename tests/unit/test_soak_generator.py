@@ -100,12 +100,11 @@ def test_short_soak_through_the_sidecar_then_replay(tmp_path):
     try:
         serve.wait_ready(60)
         out = tmp_path / "out"
-        # /tokenize to the stand-in's own port (the sidecar proxies /v1/* only, as on the GPU: vLLM's port there);
-        # the stand-in answers /v1/responses whole even when asked to stream
-        engine = f"http://127.0.0.1:{serve.events('started')[-1]['port']}"
+        # every endpoint through the sidecar (it proxies /tokenize like /v1); the stand-in answers /v1/responses
+        # whole even when asked to stream
         cmd = [sys.executable, os.path.join(GPU, "soak.py"), "--url", serve.url, "--seed", "5", "--duration", "6",
                "--min-requests", "150", "--max-duration", "40", "--out", str(out), "--tag", "cpu",
-               "--tokenize-url", engine, "--unstreamed-ok", "responses"]
+               "--unstreamed-ok", "responses"]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         summary = json.loads((out / "soak-cpu.json").read_text())

@@ -37,6 +37,10 @@ _DROP_RESPONSE = _HOP_BY_HOP | {"date", "server"}
 _DROP_REQUEST_B = {h.encode() for h in _DROP_REQUEST}
 _DROP_RESPONSE_B = {h.encode() for h in _DROP_RESPONSE}
 PROXY_METHODS = ["GET", "POST"]     # all vLLM 0.21 serves under /v1; nothing else reaches it
+# vLLM 0.21's token routes outside /v1 (vllm/entrypoints/serve/tokenize/api_router.py), proxied like /v1: a client
+# of vLLM's server counts tokens with them
+TOKEN_ROUTES = ("/tokenize", "/detokenize")
+TOKEN_METHODS = ["POST"]             # vLLM's only method on them
 DRAINING_RETRY_AFTER_S = 5
 _NEED_KEY = "A valid API key is required: send 'Authorization: Bearer <key>'."
 
@@ -319,6 +323,11 @@ _UNAUTHORIZED = {401: {"model": ErrorBody, "description": "API key missing or wr
 _JSON_OBJECT = {"content": {"application/json": {"schema": {"type": "object"}}}}
 
 
+async def proxy_token() -> Response:
+    """Schema only: the token routes are proxied by the sidecar's ASGI entry point, like /v1."""
+    return _error(404, "The token routes are proxied by the sidecar's ASGI entry point.", "not_found")
+
+
 class Sidecar:
     def __init__(self, state: ServeState, metrics: ServeMetrics) -> None:
         self.state = state
@@ -336,8 +345,9 @@ class Sidecar:
         self.app = self._build_app()
 
     async def __call__(self, scope, receive, send) -> None:
-        """The ASGI app served: /v1/* goes straight to the proxy, the rest to FastAPI."""
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        """The ASGI app served: /v1/* and vLLM's unversioned token routes go straight to the proxy, the rest to
+        FastAPI."""
+        if scope["type"] == "http" and (scope["path"].startswith("/v1/") or scope["path"] in TOKEN_ROUTES):
             await self.proxy(scope, receive, send)
         else:
             await self.app(scope, receive, send)
@@ -475,6 +485,21 @@ class Sidecar:
                         ) -> Response:
             return _error(404, "The /v1 proxy is served by the sidecar's ASGI entry point.", "not_found")
 
+        for route in TOKEN_ROUTES:     # vLLM serves these beside /v1 (its clients and the soak use /tokenize)
+            app.add_api_route(route, proxy_token, methods=TOKEN_METHODS, summary=f"vLLM's {route}, proxied (as /v1)",
+                              responses={200: {"description": "vLLM's answer", **_JSON_OBJECT},
+                                         400: {"description": "vLLM refused the request", **_JSON_OBJECT},
+                                         404: {"description": "vLLM has no such model", **_JSON_OBJECT},
+                                         405: {"description": "method not allowed", **_JSON_OBJECT},
+                                         408: {"model": ErrorBody, "description": "the body stalled past "
+                                                                                  "client_timeout_seconds"},
+                                         413: {"model": ErrorBody, "description": "body over max_request_bytes"},
+                                         429: {"model": ErrorBody, "description": "too many requests in flight"},
+                                         502: {"model": ErrorBody, "description": "vLLM did not answer"},
+                                         503: {"model": ErrorBody, "description": "not ready, or draining"},
+                                         504: {"model": ErrorBody, "description": "ran past request_timeout_seconds"},
+                                         **_UNAUTHORIZED})
+
         app.openapi = lambda: self._openapi(app)
         return app
 
@@ -488,7 +513,7 @@ class Sidecar:
                 "bearer": {"type": "http", "scheme": "bearer", "description": "the API key (setting api_key); "
                            "when none is set, no key is needed"}}
             for path, ops in schema["paths"].items():
-                if path.startswith(("/v1/", "/turingbox/")) or path == "/metrics":
+                if path.startswith(("/v1/", "/turingbox/")) or path in TOKEN_ROUTES or path == "/metrics":
                     for op in ops.values():
                         op["security"] = [{"bearer": []}, {}] if path == "/metrics" else [{"bearer": []}]
             app.openapi_schema = schema
@@ -513,10 +538,11 @@ class Sidecar:
             if k == b"authorization":          # the first one, as Starlette's headers.get reads it
                 authorization = v.decode("latin-1")
                 break
-        if scope["method"] not in PROXY_METHODS:      # TRACE, CONNECT, ...: never forwarded
+        allowed = TOKEN_METHODS if scope["path"] in TOKEN_ROUTES else PROXY_METHODS
+        if scope["method"] not in allowed:      # TRACE, CONNECT, ... (GET on the token routes): never forwarded
             m.requests.labels(route, "405").inc()
             await _send_json(send, 405, _error_body(405, f"Method {scope['method']} is not allowed here.",
-                                                    "invalid_request_error"), {"Allow": ", ".join(PROXY_METHODS)})
+                                                    "invalid_request_error"), {"Allow": ", ".join(allowed)})
             return
         if not self.key_ok(authorization):
             m.requests.labels(route, "401").inc()
