@@ -666,18 +666,8 @@ class SoakGen:
         elif x < 0.06:
             b["response_format"] = {"type": "json_schema", "json_schema": {"name": "person", "schema": JSON_SCHEMA}}
             fam.append("response_format_json_schema")
-        elif x < 0.08:
-            b["structured_outputs"] = {"regex": r.choice(REGEXES)}
-            fam.append("so_regex")
-        elif x < 0.10:
-            b["structured_outputs"] = {"choice": r.sample(["red", "green", "blue", "yes", "no", "maybe"], 3)}
-            fam.append("so_choice")
-        elif x < 0.12:
-            b["structured_outputs"] = {"grammar": r.choice(GRAMMARS)}
-            fam.append("so_grammar")
-        elif x < 0.14:
-            b["structured_outputs"] = {"json": JSON_SCHEMA}
-            fam.append("so_json")
+        elif self._structured_outputs(b, fam, x, (0.08, 0.10, 0.12, 0.14)):
+            pass
         elif chat and x < 0.22 and "response_format" not in b:
             tools = r.sample(TOOLS, r.randint(1, 3))
             b["tools"] = tools
@@ -860,6 +850,21 @@ class SoakGen:
             b["cache_salt"] = f"salt-{r.randint(0, 3)}"
             fam.append("cache_salt")
 
+    def _structured_outputs(self, b: dict, fam: list[str], x: float, below: tuple[float, ...]) -> bool:
+        """`structured_outputs` of one kind (regex, choice, grammar, json) when x is below its bound in `below`;
+        False when x is past them all (the caller's next branch)."""
+        r = self.rng
+        kinds = (("so_regex", lambda: {"regex": r.choice(REGEXES)}),
+                 ("so_choice", lambda: {"choice": r.sample(["red", "green", "blue", "yes", "no", "maybe"], 3)}),
+                 ("so_grammar", lambda: {"grammar": r.choice(GRAMMARS)}),
+                 ("so_json", lambda: {"json": JSON_SCHEMA}))
+        for bound, (family, make) in zip(below, kinds):
+            if x < bound:
+                b["structured_outputs"] = make()
+                fam.append(family)
+                return True
+        return False
+
     def _structure_responses(self, b: dict, fam: list[str]) -> None:
         r = self.rng
         x = r.random()
@@ -873,18 +878,8 @@ class SoakGen:
         elif x < 0.08:
             b["text"] = {"format": {"type": "text"}, **({"verbosity": "low"} if r.random() < 0.5 else {})}
             fam.append("text_format_text")
-        elif x < 0.09:
-            b["structured_outputs"] = {"regex": r.choice(REGEXES)}
-            fam.append("so_regex")
-        elif x < 0.10:
-            b["structured_outputs"] = {"choice": r.sample(["red", "green", "blue", "yes", "no", "maybe"], 3)}
-            fam.append("so_choice")
-        elif x < 0.11:
-            b["structured_outputs"] = {"grammar": r.choice(GRAMMARS)}
-            fam.append("so_grammar")
-        elif x < 0.12:
-            b["structured_outputs"] = {"json": JSON_SCHEMA}
-            fam.append("so_json")
+        elif self._structured_outputs(b, fam, x, (0.09, 0.10, 0.11, 0.12)):
+            pass
         elif x < 0.22:
             # tools never beside text / structured_outputs: with tool_choice required or named, vLLM's tool parser
             # writes text.format itself, and text.format beside structured_outputs is refused
