@@ -32,6 +32,8 @@ one=${LANE_GPU:-$other}     # the GPU of the one-GPU phases (gdn, gdnbench, tool
 # SOAK_WORKERS: client loops drawing groups (more offer more load; the semaphore keeps 32 in flight at most);
 # REPLAY_ARGS: soak.py --replay's sample size and concurrency against plain vLLM.
 # IMPORT_PROFILE=1: soak64's two starts with -X importtime (bench/import_profile.py; ~14,000 lines per log).
+# SOAK_UTIL: the soak's GPU share (empty: the plan's own, issue 37's soak at the plan's defaults; session 8 ran 0.55
+# beside a second lane).
 export SOAK_S=${SOAK_S:-600} SOAK_MIN_REQ=${SOAK_MIN_REQ:-2000} SOAK_MAX_S=${SOAK_MAX_S:-1500} SOAK_SEED=${SOAK_SEED:-15} \
   SOAK_GATE_S=${SOAK_GATE_S:-900} SOAK_PEER=${SOAK_PEER:-} SOAK_WORKERS=${SOAK_WORKERS:-3} \
   REPLAY_ARGS=${REPLAY_ARGS:-"--sample 200 --replay-concurrency 4"}
@@ -161,25 +163,41 @@ for phase in "$@"; do
               # SEED_AFTER=bisect: start only once the other lane's server has sized its KV cache
               [ -z "${SEED_AFTER:-}" ] || bash tests/gpu/soak_gate.sh $SEED_AFTER serving 600 >> $R/soak-gates.txt 2>&1
               rm -rf /tmp/tbsoak
-              CUDA_VISIBLE_DEVICES=$one TURINGBOX_GPU_MEMORY_UTILIZATION=0.55 timeout 900 python3 -m turingbox warmup \
-                --seed-only --model /tmp/demo --cache-dir /tmp/tbsoak > $R/warmup-soakseed.log 2>&1
+              env CUDA_VISIBLE_DEVICES=$one ${SOAK_UTIL:+TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} timeout 900 \
+                python3 -m turingbox warmup --seed-only --model /tmp/demo --cache-dir /tmp/tbsoak > $R/warmup-soakseed.log 2>&1
               echo "warmup --seed-only exit $?" >> $R/warmup-soakseed.log
               python3 -m turingbox cache show --cache-dir /tmp/tbsoak >> $R/warmup-soakseed.log 2>&1 ;;
     soak64)   # issue 15: turingbox from a fresh copy of soakseed's entry: first request vs next ten (side_by_side),
               # the traffic soak, then plain `vllm serve` with the plan's argv (minus worker/plugin), on a copy of
               # the same entry's caches, and the soak's 4xx + 200 others replayed against it
+              # SOAK_HOSTILE=1: issue 37's hostile request first, on the same server (saves a start: tests/gpu/hostile.py);
+              # SOAK_PLAIN=0: no plain vLLM here (its replay in a later session: replaysoak, from the committed record)
+              soak_hostile=""; [ "${SOAK_HOSTILE:-0}" = 1 ] && soak_hostile="timeout 300 python3 tests/gpu/hostile.py --url http://127.0.0.1:\$PROXY_PORT --out \$OUT/hostile-soak64.json > \$OUT/hostile-soak64.txt 2>&1; "
+              soak_after=(--after='touch /tmp/session/soak64.plain-serving; python3 tests/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:$PLAIN_PORT $REPLAY_ARGS --out $OUT > $OUT/replay-soak64.txt 2>&1')
+              [ "${SOAK_PLAIN:-1}" = 0 ] && soak_after=(--skip-plain)
               rm -rf /tmp/tbsoak-seeded /tmp/tbsoak-plain; cp -a /tmp/tbsoak /tmp/tbsoak-seeded
               key=$(ls /tmp/tbsoak/entries 2>/dev/null | head -1)
               if [ -n "$key" ]; then cp -a /tmp/tbsoak/entries/$key /tmp/tbsoak-plain; else mkdir -p /tmp/tbsoak-plain; fi
               timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo --phase soak64 --gpus $one,$one \
                 --cache /tmp/tbsoak-seeded --plain-cache /tmp/tbsoak-plain --out $R --no-decode --ready-limit 900 \
-                --env TURINGBOX_GPU_MEMORY_UTILIZATION=0.55 --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
+                ${SOAK_UTIL:+--env TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} "${soak_after[@]}" \
+                --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
                 ${IMPORT_PROFILE:+--env PYTHONPROFILEIMPORTTIME=1 --plain-env PYTHONPROFILEIMPORTTIME=1} \
-                --tb-after="touch /tmp/session/soak64.serving; python3 -m turingbox bench decode --url http://127.0.0.1:\$PROXY_PORT --repeats 3 --max-tokens 256 --json --output \$OUT/bench-decode-soak64.json > \$OUT/bench-decode-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-before.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-before.txt; (for i in 1 2 3 4 5; do sleep 110; curl -s -m 20 http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-mid\$i.txt; done) > /dev/null 2>&1 & python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; $(gpu_memory soak64); curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-after.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-after.txt; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)" \
-                --after='touch /tmp/session/soak64.plain-serving; python3 tests/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:$PLAIN_PORT $REPLAY_ARGS --out $OUT > $OUT/replay-soak64.txt 2>&1'
+                --tb-after="touch /tmp/session/soak64.serving; ${soak_hostile}python3 -m turingbox bench decode --url http://127.0.0.1:\$PROXY_PORT --repeats 3 --max-tokens 256 --json --output \$OUT/bench-decode-soak64.json > \$OUT/bench-decode-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-before.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-before.txt; (for i in 1 2 3 4 5; do sleep 110; curl -s -m 20 http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-mid\$i.txt; done) > /dev/null 2>&1 & python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; $(gpu_memory soak64); curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-after.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-after.txt; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)" \
               touch /tmp/session/soak64.plain-serving
               python3 tests/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
                 > $R/verdict-soak64.txt 2>&1 ;;
+    replaysoak) # issue 37: a committed soak record (SOAK_RECORD=docs/data/...: soak-soak64.jsonl.gz) replayed against
+              # plain `vllm serve` alone, started on empty caches with the plan's argv (minus worker/plugin) at the soak's
+              # share: every 4xx and refusal + REPLAY_ARGS' sample of the rest; its start is plain's empty start (#35's cold A/B)
+              mkdir -p /tmp/replaysoak; zcat "$SOAK_RECORD/soak-soak64.jsonl.gz" > /tmp/replaysoak/soak-soak64.jsonl
+              cp "$SOAK_RECORD/soak-soak64.json" /tmp/replaysoak/ 2>/dev/null
+              [ -d /tmp/demo ] || python3 -m turingbox demo-model /tmp/demo
+              rm -rf /tmp/tbreplay-plain
+              timeout 1500 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase replaysoak --gpus $one,$one \
+                --skip-turingbox --plain-cache /tmp/tbreplay-plain --out $R --no-decode --ready-limit 900 \
+                ${SOAK_UTIL:+--env TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} --after-timeout 600 \
+                --after="python3 tests/gpu/soak.py --replay /tmp/replaysoak/soak-soak64.jsonl --url http://127.0.0.1:\$PLAIN_PORT $REPLAY_ARGS --tag replaysoak --out \$OUT > \$OUT/replay-replaysoak.txt 2>&1" ;;
     hostile)  # issue 37: turingbox serve again on the A/B's seeded entry (after the startup phase), then one hostile request
               # (n=1000, no max_tokens) among 4 streaming clients: refused with 400, their TTFT within 1.2x unloaded
               rm -rf /tmp/tb-hostile-home /tmp/tb-hostile-rt; mkdir -p /tmp/tb-hostile-home

@@ -163,6 +163,9 @@ def main() -> int:
     ap.add_argument("--ready-limit", type=float, default=520)
     ap.add_argument("--gpus", default="0,1", help="GPU for turingbox, GPU for plain vLLM (same = sequential)")
     ap.add_argument("--skip-plain", action="store_true")
+    ap.add_argument("--skip-turingbox", action="store_true",
+                    help="plain vLLM only (the plan is still made, for its argv): e.g. a committed soak's 4xx replayed "
+                         "against plain vLLM in a later session (session.sh replaysoak)")
     ap.add_argument("--extra", default="", help="extra turingbox serve flags")
     ap.add_argument("--bench", action="store_true", help="also run `turingbox bench decode|prefill` on each server")
     ap.add_argument("--prefill-lengths", default="2048,4096,8192,16384,32768")
@@ -260,6 +263,8 @@ def main() -> int:
         return r
 
     t_start = time.perf_counter()
+    if args.skip_turingbox:
+        return plain_only(args, res, launched, start_plain, measure, port_plain, served, t_start)
     launched["turingbox"] = time.perf_counter()
     tb, tb_log = start_tb()
     plain = None
@@ -315,6 +320,27 @@ def main() -> int:
     json.dump(res, open(os.path.join(args.out, f"side_by_side-{args.phase}.json"), "w"), indent=1)
     print(json.dumps({k: v for k, v in res.items() if k != "plain_argv"}, indent=1, default=str)[:6000])
     return 0
+
+
+def plain_only(args, res: dict, launched: dict, start_plain, measure, port_plain: int, served: str,
+               t_start: float) -> int:
+    """--skip-turingbox: plain vLLM alone, measured like the side-by-side's plain half, --after run while it serves."""
+    launched["plain"] = time.perf_counter()
+    plain, _ = start_plain()
+    try:
+        res["plain"] = measure("plain", port_plain, plain, "/health", ())
+        if args.after and res["plain"]["ready_s"] is None:
+            res["after"] = {"cmd": args.after, "skipped": "plain vLLM never became ready"}
+        elif args.after:
+            res["after"] = run_hook(args.after, 0, 0, port_plain, served, args)
+            log(f"after-command rc={res['after']['rc']}")
+    finally:
+        stop(plain)
+    res["plain"]["kv"] = kv_reported(os.path.join(args.out, f"plain-{args.phase}.log"))
+    res["wall_s"] = time.perf_counter() - t_start
+    json.dump(res, open(os.path.join(args.out, f"side_by_side-{args.phase}.json"), "w"), indent=1)
+    print(json.dumps({k: v for k, v in res.items() if k != "plain_argv"}, indent=1, default=str)[:6000])
+    return 0 if res["plain"]["ready_s"] is not None else 1
 
 
 if __name__ == "__main__":
