@@ -44,6 +44,8 @@ def small_config(awq: bool) -> dict:
                               linear_key_head_dim=32, linear_value_head_dim=32)
     cfg["vision_config"].update(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=256,
                                 num_position_embeddings=64)
+    for c in (cfg, cfg["text_config"]):                 # special tokens inside the shrunk vocabulary
+        c.update({k: 1000 for k in ("eos_token_id", "pad_token_id") if k in c})
     return cfg
 
 
@@ -208,12 +210,16 @@ def test_the_log_regexes_match_vllms_own_format_strings():
 # --- writing ---------------------------------------------------------------------------------------------------------
 
 
+SMALL_BLOCK = 1 << 20      # the random block per dtype (64 MiB for real checkpoints)
+
+
 def write_small(tmp_path, awq=True, shard_gb=0.0004, **kw):
     d = tmp_path / "model"
     d.mkdir(exist_ok=True)
     cfg = small_config(awq)
     (d / "config.json").write_text(json.dumps(cfg))
     specs = ck.model_tensors(cfg)
+    kw.setdefault("block_bytes", SMALL_BLOCK)
     return d, specs, ck.write_checkpoint(str(d), specs, shard_gb=shard_gb, **kw)
 
 
@@ -308,7 +314,7 @@ def test_a_failed_write_leaves_nothing_half_written(tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     specs = ck.model_tensors(cfg)
     with pytest.raises(RuntimeError, match="injected"):
-        ck.write_checkpoint(str(d), specs, shard_gb=0.0004, _fail_after=2)
+        ck.write_checkpoint(str(d), specs, shard_gb=0.0004, block_bytes=SMALL_BLOCK, _fail_after=2)
     assert sorted(os.listdir(d)) == ["config.json"]
 
 
@@ -316,7 +322,7 @@ def test_a_failed_rewrite_keeps_the_earlier_checkpoint(tmp_path):
     d, specs, _ = write_small(tmp_path)
     before = digest(d)
     with pytest.raises(RuntimeError, match="injected"):
-        ck.write_checkpoint(str(d), specs, shard_gb=0.0004, seed=1, _fail_after=1)
+        ck.write_checkpoint(str(d), specs, shard_gb=0.0004, seed=1, block_bytes=SMALL_BLOCK, _fail_after=1)
     assert digest(d) == before
     assert sorted(os.listdir(d)) == sorted(before)
 
@@ -336,7 +342,7 @@ def test_a_failed_move_puts_the_earlier_checkpoint_back(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ck.os, "rename", flaky)
     with pytest.raises(OSError, match="injected"):
-        ck.write_checkpoint(str(d), specs, shard_gb=0.0004, seed=1)
+        ck.write_checkpoint(str(d), specs, shard_gb=0.0004, seed=1, block_bytes=SMALL_BLOCK)
     monkeypatch.setattr(ck.os, "rename", real)
     assert digest(d) == before
     assert not [p for p in os.listdir(d) if p.startswith(".checkpoint-")]
@@ -344,7 +350,7 @@ def test_a_failed_move_puts_the_earlier_checkpoint_back(tmp_path, monkeypatch):
 
 def test_a_rewrite_with_other_shards_replaces_all_of_them(tmp_path):
     d, specs, first = write_small(tmp_path, shard_gb=0.0004)
-    second = ck.write_checkpoint(str(d), specs, shard_gb=1.0)
+    second = ck.write_checkpoint(str(d), specs, shard_gb=1.0, block_bytes=SMALL_BLOCK)
     assert first["shards"] > 1 and second["shards"] == 1
     assert sorted(p.name for p in d.glob("*.safetensors")) == ["model-00001-of-00001.safetensors"]
 
@@ -445,3 +451,71 @@ def test_format_availability():
         ok, why = ck.format_available(label)
         assert ok or ck.FORMATS[label][1] in why
     assert set(ck.DEFAULT_FORMATS.split(",")) <= set(ck.FORMATS)
+
+
+FAKE_VLLM = """\
+import sys, time
+args = sys.argv[1:]
+fmt = args[args.index("--load-format") + 1]
+strategy = args[args.index("--safetensors-load-strategy") + 1] if "--safetensors-load-strategy" in args else ""
+secs = {"safetensors": 4.0, "fastsafetensors": 3.0}.get(fmt, 9.0) - (1.0 if strategy == "prefetch" else 0.0)
+print("(APIServer pid=1) INFO non-default args: " + " ".join(args), flush=True)
+if fmt != "safetensors" or strategy != "eager":
+    print(f"(EngineCore_DP0 pid=2) INFO [default_loader.py:398] Loading weights took {secs - 0.5:.2f} seconds", flush=True)
+    print(f"(EngineCore_DP0 pid=2) INFO [gpu_model_runner.py:4960] Model loading took 18.17 GiB memory and {secs:.6f} seconds",
+          flush=True)
+else:
+    print("(EngineCore_DP0 pid=2) ERROR engine died", flush=True)
+    sys.exit(1)
+time.sleep(120)     # a server: only the bench stops it
+"""
+
+
+def test_load_runs_each_format_stops_the_server_and_writes_the_record(tmp_path, monkeypatch):
+    d, _, rec = write_small(tmp_path)
+    fake = tmp_path / "fake_vllm.py"
+    fake.write_text(FAKE_VLLM)
+    plan = {"tensor_parallel_size": 1, "env": {"VLLM_WORKER_MULTIPROC_METHOD": "fork", "TURINGBOX_RUNTIME_DIR": "/x"},
+            "vllm_args": ["serve", str(d), "--load-format", "dummy", "--worker-cls", "w", "--additional-config", "{}"]}
+    monkeypatch.setattr(ck, "get_plan", lambda model_dir, args=(): plan)
+    monkeypatch.setattr(ck, "format_available", lambda label: (label != "runai_streamer", "not here"))
+    disk = {"read_gbps": 2.0, "parallel": {"gbps": 4.0}}
+    out = tmp_path / "load.json"
+    first = ck.load_record(str(d), ["safetensors", "safetensors-eager", "runai_streamer"], disk, str(tmp_path / "logs"),
+                           30, f"{sys.executable} {fake}", [])
+    size = rec["file_bytes"]
+    st = first["formats"]["safetensors"]
+    assert st["load_s"] == 4.0 and st["weights_s"] == 3.5 and st["model_gib"] == 18.17
+    assert st["ratio"] == ck.load_ratio(4.0, size, 2.0) and st["ratio_vs_parallel_read"] == ck.load_ratio(4.0, size, 4.0)
+    assert st["argv"][-6:-4] == ["--load-format", "safetensors"] and "dummy" not in st["argv"]
+    assert "--worker-cls" not in st["argv"] and st["exit_code_before_stop"] is None     # running until stopped
+    eager = first["formats"]["safetensors-eager"]
+    assert eager["load_s"] is None and eager["exit_code_before_stop"] == 1 and eager["ratio"] is None
+    assert first["formats"]["runai_streamer"] == {"available": False, "why": "not here", "load_s": None}
+    assert first["fastest"] == "safetensors" and not first["fastest_beats_default"]
+    assert first["size_bytes"] == size and first["disk_read_gbps"] == 2.0
+    assert first["expected_s"] == round(size / 1e9 / 2.0, 3)
+    assert "Model loading took" in (tmp_path / "logs" / "load-safetensors.log").read_text()
+    # a later call adds formats to the same record
+    out.write_text(json.dumps(first))
+    second = ck.load_record(str(d), ["fastsafetensors", "safetensors-prefetch"], disk, str(tmp_path / "logs"), 30,
+                            f"{sys.executable} {fake}", [], earlier=first["formats"])
+    assert set(second["formats"]) == {"safetensors", "safetensors-eager", "runai_streamer", "fastsafetensors",
+                                      "safetensors-prefetch"}
+    assert second["formats"]["safetensors-prefetch"]["load_s"] == 3.0
+    assert second["fastest"] in ("fastsafetensors", "safetensors-prefetch") and second["fastest_beats_default"]
+
+
+def test_write_takes_a_tensor_list_made_elsewhere(tmp_path, capsys):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(small_config(True)))
+    assert ck.main(["tensors", str(d), "--json"]) == 0
+    listing = tmp_path / "tensors.json"
+    listing.write_text(capsys.readouterr().out)
+    specs = ck.read_tensor_list(str(listing))
+    assert specs == ck.model_tensors(small_config(True))
+    (d / "config.json").write_text("{}")              # not needed any more
+    assert ck.main(["write", str(d), "--tensors-json", str(listing), "--shard-gb", "0.01"]) == 0
+    index = json.loads((d / ck.INDEX_NAME).read_text())
+    assert index["metadata"]["total_size"] == ck.total_bytes(specs)
