@@ -38,6 +38,16 @@ On the GPU machine (the AWQ demo, 64 layers; ~17 GB of shards, so the disk needs
   python bench/checkpoint_load.py load /tmp/ckpt-awq --disk-json $OUT/disk.json --out $OUT/checkpoint_load.json \\
       --logs $OUT/logs --formats safetensors,safetensors-prefetch,fastsafetensors,runai_streamer
 
+Sizes it derives (transformers 5.25, vLLM 0.21 source): the 64-layer AWQ checkpoint 2,191 tensors, 19,512,618,464
+bytes (18.17 GiB: layers 11.79, embed_tokens + lm_head 4.74 in bf16, vision 0.86, MTP 0.79); bf16 1,199 tensors,
+55,562,855,904 bytes (51.75 GiB; 27.36 B parameters + 0.42 B MTP). The AWQ one is above the plan's 17.35 GiB
+weights estimate by the vision tower, which vLLM does not build for the demo's text-only plan (--language-model-only)
+but which a real checkpoint carries. Every floating tensor is in the config's dtype (bf16): Qwen3.6 stores
+linear_attn.A_log and linear_attn.norm in bf16 too (Qwen3.5 in fp32, vLLM PR 51836); AWQ scales are fp16.
+Note: vLLM 0.21 matches modules_to_not_convert against a fused layer's shard names (in_proj_b, in_proj_a), so the
+demo config's "in_proj_ba" entry keeps nothing at 16 bits; the checkpoint follows what vLLM allocates (in_proj_b/a
+quantized: qweight [5120, 6]); the tests check this against vLLM's own is_layer_skipped.
+
 Formats: safetensors (vLLM's default, mmap), safetensors-prefetch / safetensors-eager (--safetensors-load-strategy),
 fastsafetensors (package `fastsafetensors`), runai_streamer (package `runai_model_streamer`), instanttensor (package
 `instanttensor`); one whose package does not import is recorded as unavailable, not run.
@@ -126,6 +136,8 @@ def _checkpoint_dtype(hf_config) -> Any:
 
 def hf_tensors(config: dict) -> tuple[list[TensorSpec], set[str]]:
     """(tensors, linear module names) of transformers' model class for config.json, built on the meta device.
+    The state dict's names are the checkpoint's: transformers 5 has no key conversion for Qwen3_5ForConditionalGeneration
+    (only for the text-only class), and _keys_to_ignore_on_load_unexpected names the `mtp.*` keys it does not build.
 
     Names are the checkpoint's (transformers 5's Qwen3_5ForConditionalGeneration has the Hugging Face layout:
     model.language_model.*, model.visual.*, lm_head.*); every floating tensor in the config's dtype."""
@@ -582,6 +594,20 @@ def _replace_weights(model_dir: str, tmp: str, names: list[str]) -> None:
         shutil.rmtree(old_dir, ignore_errors=True)
 
 
+def shard_tensor_bytes(files: Iterable[str]) -> dict[str, int]:
+    """name -> data bytes, from the shards' safetensors headers (only the headers are read)."""
+    out = {}
+    for path in files:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        for name, info in header.items():
+            if name != "__metadata__":
+                begin, end = info["data_offsets"]
+                out[name] = end - begin
+    return out
+
+
 def shard_files(model_dir: str) -> list[str]:
     with open(os.path.join(model_dir, INDEX_NAME), encoding="utf-8") as f:
         names = sorted(set(json.load(f)["weight_map"].values()))
@@ -844,6 +870,8 @@ def load_record(model_dir: str, formats: Sequence[str], disk: dict, logs: str, t
     model_dir = os.path.abspath(model_dir)
     files = shard_files(model_dir)
     size = sum(os.path.getsize(p) for p in files)
+    # the demo's plan is text-only (--language-model-only): vLLM builds no vision tower, yet the files carry it
+    vision = sum(n for name, n in shard_tensor_bytes(files).items() if name.startswith("model.visual."))
     plan = get_plan(model_dir, turingbox_args)
     program = shlex.split(vllm_command) if vllm_command else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
     tp = int(plan.get("tensor_parallel_size") or 1)
@@ -877,13 +905,15 @@ def load_record(model_dir: str, formats: Sequence[str], disk: dict, logs: str, t
                  "ratio": load_ratio(parsed["load_s"], size, gbps),
                  "weights_ratio": load_ratio(parsed["weights_s"], size, gbps),
                  "ratio_vs_parallel_read": load_ratio(parsed["load_s"], size, par_gbps) if par_gbps else None,
+                 "ratio_without_vision": load_ratio(parsed["load_s"], size - vision, gbps),
                  "page_cache_dropped": dropped, "resident_before": round(max(resident), 4) if resident else None,
                  "argv": argv, "log": log_path, "exit_code_before_stop": rc}
         results[label] = entry
         print(f"[checkpoint_load] {label}: load_s={parsed['load_s']} ratio={entry['ratio']}", flush=True)
     best = fastest(results)
     base = results.get("safetensors", {}).get("load_s")
-    return {"model_dir": model_dir, "size_bytes": size, "files": len(files), "disk_read_gbps": gbps,
+    return {"model_dir": model_dir, "size_bytes": size, "vision_bytes": vision, "files": len(files),
+            "disk_read_gbps": gbps,
             "disk": disk, "expected_s": round(expected_s(size, gbps), 3), "goal_ratio": 1.3,
             "formats": results, "fastest": best,
             "fastest_ratio": results[best]["ratio"] if best else None,

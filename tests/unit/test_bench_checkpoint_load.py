@@ -262,6 +262,7 @@ def test_write_and_read_back(tmp_path):
     assert rec["file_bytes"] == sum((d / f).stat().st_size for f in files) > rec["tensor_bytes"]
     assert not [p for p in os.listdir(d) if p.startswith(".checkpoint-")]
     assert ck.shard_files(str(d)) == [str(d / f) for f in files]
+    assert ck.shard_tensor_bytes(ck.shard_files(str(d))) == {s.name: s.nbytes for s in specs}
 
 
 def test_shards_respect_the_size_and_keep_the_order():
@@ -494,6 +495,9 @@ def test_load_runs_each_format_stops_the_server_and_writes_the_record(tmp_path, 
     assert first["formats"]["runai_streamer"] == {"available": False, "why": "not here", "load_s": None}
     assert first["fastest"] == "safetensors" and not first["fastest_beats_default"]
     assert first["size_bytes"] == size and first["disk_read_gbps"] == 2.0
+    vision = sum(s.nbytes for s in ck.model_tensors(small_config(True)) if s.name.startswith("model.visual."))
+    assert first["vision_bytes"] == vision > 0
+    assert st["ratio_without_vision"] == ck.load_ratio(4.0, size - vision, 2.0)
     assert first["expected_s"] == round(size / 1e9 / 2.0, 3)
     assert "Model loading took" in (tmp_path / "logs" / "load-safetensors.log").read_text()
     # a later call adds formats to the same record
