@@ -537,6 +537,9 @@ def write_checkpoint(model_dir: str, specs: Sequence[TensorSpec] | None = None, 
     model_dir = os.path.abspath(model_dir)
     specs = list(specs) if specs is not None else model_tensors(read_config(model_dir))
     shards = plan_shards(specs, int(shard_gb * 1e9))
+    need, free = total_bytes(specs) + (64 << 20), shutil.disk_usage(model_dir).free
+    if need > free:
+        raise OSError(f"{model_dir} has {free / 1e9:.1f} GB free, the checkpoint needs {need / 1e9:.1f} GB")
     blocks = random_blocks(seed, block_bytes)
     tmp = tempfile.mkdtemp(prefix=".checkpoint-write-", dir=model_dir)
     t0 = time.monotonic()

@@ -319,6 +319,15 @@ def test_a_failed_write_leaves_nothing_half_written(tmp_path):
     assert sorted(os.listdir(d)) == ["config.json"]
 
 
+def test_no_room_is_said_before_anything_is_written(tmp_path, monkeypatch):
+    d = tmp_path / "model"
+    d.mkdir()
+    monkeypatch.setattr(ck.shutil, "disk_usage", lambda p: ck.shutil._ntuple_diskusage(10**12, 10**12 - 1000, 1000))
+    with pytest.raises(OSError, match="GB free"):
+        ck.write_checkpoint(str(d), [ck.TensorSpec("a", (1000,), "BF16")], block_bytes=SMALL_BLOCK)
+    assert os.listdir(d) == []
+
+
 def test_a_failed_rewrite_keeps_the_earlier_checkpoint(tmp_path):
     d, specs, _ = write_small(tmp_path)
     before = digest(d)
