@@ -416,8 +416,6 @@ def check_vllm_names(specs: Sequence[TensorSpec], facts: dict) -> list[str]:
         module, _, leaf = s.name.rpartition(".")
         modules.setdefault(module, set()).add(leaf)
         if s.name.startswith("mtp."):
-            if not facts.get("mtp_skipped_by_main"):
-                problems.append("the main model's loader does not skip mtp.*")
             top = s.name.split(".")[1]
             if top not in (facts.get("mtp_modules") or MTP_MODULES):
                 problems.append(f"{s.name}: Qwen3_5MultiTokenPredictor has no module {top!r}")
@@ -425,6 +423,13 @@ def check_vllm_names(specs: Sequence[TensorSpec], facts: dict) -> list[str]:
             problems.append(f"{s.name}: no hf_to_vllm_mapper prefix renames it")
     mtp_tops = {s.name.split(".")[1] for s in specs if s.name.startswith("mtp.")}
     if mtp_tops:
+        if not facts.get("mtp_skipped_by_main"):
+            problems.append("the main model's loader does not skip mtp.*")
+        # Qwen3_5MTP.load_weights takes the shared embedding and lm_head from the main model's names
+        names = {s.name for s in specs}
+        for shared in ("model.language_model.embed_tokens.weight", "lm_head.weight"):
+            if shared not in names and f"mtp.{shared.split('.')[-2]}.weight" not in names:
+                problems.append(f"the MTP model finds no {shared}")
         for m in facts.get("mtp_modules") or MTP_MODULES:
             if m != "embed_tokens" and m not in mtp_tops:
                 problems.append(f"Qwen3_5MultiTokenPredictor.{m} gets no mtp.{m}.* tensor")
@@ -438,9 +443,9 @@ def check_vllm_names(specs: Sequence[TensorSpec], facts: dict) -> list[str]:
             if last in shards:
                 for other in shards:
                     mate = f"{head}.{other}"
-                    if modules.get(mate) is None and any(t.name.startswith(mate + ".") for t in specs) is False:
+                    if mate not in modules:
                         problems.append(f"{module}: its fused layer {head}.{fused} lacks the shard {mate}")
-                    elif modules.get(mate) is not None and modules[mate] != leaves:
+                    elif modules[mate] != leaves:
                         problems.append(f"{head}.{fused}: shards differ ({module} {sorted(leaves)} vs "
                                         f"{mate} {sorted(modules[mate])})")
     return problems
@@ -501,12 +506,19 @@ def safetensors_header(specs: Sequence[TensorSpec]) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
+def _write_all(f, data) -> None:
+    """Write every byte (an unbuffered file may write fewer than asked)."""
+    view = memoryview(data)
+    while view:
+        view = view[f.write(view):]
+
+
 def _write_tensor(f, spec: TensorSpec, block: memoryview, start: int) -> int:
     """Write spec.nbytes bytes from the block (cyclically, from `start`); return the next start."""
     left = spec.nbytes
     while left:
         n = min(left, len(block) - start)
-        f.write(block[start:start + n])
+        _write_all(f, block[start:start + n])
         left -= n
         start = (start + n) % len(block)
     return start
@@ -551,7 +563,7 @@ def write_checkpoint(model_dir: str, specs: Sequence[TensorSpec] | None = None, 
             name = shard_name(i, len(shards))
             path = os.path.join(tmp, name)
             with open(path, "wb", buffering=0) as f:
-                f.write(safetensors_header(shard))
+                _write_all(f, safetensors_header(shard))
                 for s in shard:
                     starts[s.dtype] = _write_tensor(f, s, blocks[s.dtype], starts[s.dtype])
                     weight_map[s.name] = name

@@ -193,6 +193,8 @@ def test_the_name_check_finds_what_vllm_would_refuse(full_awq):
     half = [s for s in full_awq if s.name != f"{z}.qzeros"]
     assert any("only" in p for p in ck.check_vllm_names(half, facts))
     assert any("mtp.fc" in p for p in ck.check_vllm_names([s for s in full_awq if s.name != "mtp.fc.weight"], facts))
+    assert any("no lm_head.weight" in p for p in ck.check_vllm_names([s for s in full_awq if s.name != "lm_head.weight"],
+                                                                      facts))
     renamed = [ck.TensorSpec("language_model.norm.weight", (5120,), "BF16"), *full_awq]
     assert any("no hf_to_vllm_mapper prefix" in p for p in ck.check_vllm_names(renamed, facts))
 
