@@ -741,10 +741,15 @@ MODEL_LOADING = re.compile(r"Model loading took ([0-9.]+) GiB(?: memory)? and ([
 LOADING_WEIGHTS = re.compile(r"Loading weights took ([0-9.]+) seconds")
 
 
+DRAFTER = "Loading drafter model..."
+
+
 def parse_load_log(lines: Iterable[str]) -> dict:
     """From vLLM's log: load_s = the longest "Model loading took" (one line per TP worker; the load's wall time is
-    the slowest), model_gib from that line, weights_s = the longest "Loading weights took" (None where the format
-    does not log it). Returns Nones when the lines are missing."""
+    the slowest; it covers building the model, reading the weights, processing them (AWQ -> Marlin repacking) and
+    the MTP drafter's load, which iterates the checkpoint's files again), model_gib from that line; weights_s = the
+    first "Loading weights took" (the main model's read; None where the format does not log it), weights_s_all every
+    one (the drafter's too). Nones when the lines are missing."""
     loads, weights = [], []
     for line in lines:
         if m := MODEL_LOADING.search(line):
@@ -752,8 +757,20 @@ def parse_load_log(lines: Iterable[str]) -> dict:
         if m := LOADING_WEIGHTS.search(line):
             weights.append(float(m.group(1)))
     best = max(loads) if loads else (None, None)
-    return {"load_s": best[0], "model_gib": best[1], "weights_s": max(weights) if weights else None,
-            "workers": len(loads)}
+    return {"load_s": best[0], "model_gib": best[1], "weights_s": weights[0] if weights else None,
+            "weights_s_all": weights, "workers": len(loads)}
+
+
+def drafter_seconds(timed_lines: Iterable[tuple[float, str]]) -> float | None:
+    """Seconds from vLLM's "Loading drafter model..." to the last "Model loading took", by the lines' arrival times
+    (vLLM's own timestamps have whole seconds): the MTP drafter's share of load_s."""
+    start = end = None
+    for t, line in timed_lines:
+        if start is None and DRAFTER in line:
+            start = t
+        if MODEL_LOADING.search(line):
+            end = t
+    return round(end - start, 3) if start is not None and end is not None and end >= start else None
 
 
 def expected_s(size_bytes: int, disk_gbps: float) -> float:
@@ -843,19 +860,24 @@ def _free_port() -> int:
 
 def run_load(argv: list[str], env: dict, log_path: str, timeout_s: float, tp: int) -> tuple[dict, int | None]:
     """Start vLLM, wait until every worker logged "Model loading took" (or it exits / times out), stop it."""
-    lines: list[str] = []
+    lines: list[tuple[float, str]] = []
+    t0 = time.monotonic()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     done = threading.Event()
 
     def reader() -> None:
+        loaded = 0
         with open(log_path, "w", encoding="utf-8") as f:
             for raw in iter(proc.stdout.readline, b""):
+                t = time.monotonic() - t0
                 text = raw.decode("utf-8", "replace").rstrip("\n")
-                lines.append(text)
-                f.write(text + "\n")
+                lines.append((t, text))
+                f.write(f"{t:9.3f} {text}\n")
                 f.flush()
-                if sum(1 for x in lines if MODEL_LOADING.search(x)) >= tp:
-                    done.set()
+                if MODEL_LOADING.search(text):
+                    loaded += 1
+                    if loaded >= tp:
+                        done.set()
         done.set()
 
     t = threading.Thread(target=reader, daemon=True)
@@ -874,8 +896,20 @@ def run_load(argv: list[str], env: dict, log_path: str, timeout_s: float, tp: in
             proc.wait(wait)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    # the next start needs the GPU memory back: wait until no process of the group is left
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            break
+        time.sleep(0.5)
     t.join(5)
-    return parse_load_log(lines), rc
+    parsed = parse_load_log(text for _, text in lines)
+    parsed["drafter_s"] = drafter_seconds(lines)
+    loaded_at = [t for t, text in lines if MODEL_LOADING.search(text)]
+    parsed["loaded_at_s"] = round(max(loaded_at), 3) if loaded_at else None     # since the start of the process
+    return parsed, rc
 
 
 def load_record(model_dir: str, formats: Sequence[str], disk: dict, logs: str, timeout_s: float,

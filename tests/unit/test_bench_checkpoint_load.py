@@ -205,6 +205,7 @@ def test_the_log_regexes_match_vllms_own_format_strings():
     loader = (VLLM_SRC / "model_executor" / "model_loader" / "default_loader.py").read_text()
     assert '"Model loading took %s GiB memory and %.6f seconds"' in runner
     assert '"Loading weights took %.2f seconds"' in loader
+    assert f'logger.info_once("{ck.DRAFTER}")' in runner
     assert ck.MODEL_LOADING.search("Model loading took %s GiB memory and %.6f seconds" % ("17.35", 14.2))
     assert ck.LOADING_WEIGHTS.search("Loading weights took %.2f seconds" % 12.3)
 
@@ -408,6 +409,8 @@ LOG = """\
 (APIServer pid=100) INFO 12-05 07:00:01 [utils.py:253] non-default args: {'model': '/tmp/ckpt-awq'}
 (EngineCore_DP0 pid=200) INFO 12-05 07:00:20 [gpu_model_runner.py:4380] Starting to load model /tmp/ckpt-awq...
 (EngineCore_DP0 pid=200) INFO 12-05 07:00:31 [default_loader.py:398] Loading weights took 10.84 seconds
+(EngineCore_DP0 pid=200) INFO 12-05 07:00:31 [gpu_model_runner.py:4882] Loading drafter model...
+(EngineCore_DP0 pid=200) INFO 12-05 07:00:33 [default_loader.py:398] Loading weights took 2.10 seconds
 (EngineCore_DP0 pid=200) INFO 12-05 07:00:33 [gpu_model_runner.py:4960] Model loading took 17.35 GiB memory and 12.906321 seconds
 """
 LOG_TP2 = """\
@@ -420,14 +423,21 @@ LOG_TP2 = """\
 
 def test_parse_load_log():
     assert ck.parse_load_log(LOG.splitlines()) == {"load_s": 12.906321, "model_gib": 17.35, "weights_s": 10.84,
-                                                   "workers": 1}
+                                                   "weights_s_all": [10.84, 2.1], "workers": 1}
     tp2 = ck.parse_load_log(LOG_TP2.splitlines())
-    assert tp2 == {"load_s": 7.5, "model_gib": 8.71, "weights_s": 6.4, "workers": 2}     # the slowest worker
+    assert tp2["load_s"] == 7.5 and tp2["model_gib"] == 8.71 and tp2["workers"] == 2     # the slowest worker
+    assert tp2["weights_s_all"] == [6.1, 6.4]
     # runai_streamer logs no "Loading weights took"; model runner V2's wording has no "memory"
     v2 = ck.parse_load_log(["(EngineCore_DP0 pid=1) INFO [model_runner.py:294] Model loading took 17.35 GiB and 9.5 seconds"])
     assert v2["load_s"] == 9.5 and v2["weights_s"] is None
     assert ck.parse_load_log(["ERROR something failed"]) == {"load_s": None, "model_gib": None, "weights_s": None,
-                                                            "workers": 0}
+                                                            "weights_s_all": [], "workers": 0}
+
+
+def test_the_drafters_share_comes_from_the_lines_arrival_times():
+    timed = [(float(i), line) for i, line in enumerate(LOG.splitlines())]
+    assert ck.drafter_seconds(timed) == 2.0          # "Loading drafter model..." at 3 s, "Model loading took" at 5 s
+    assert ck.drafter_seconds([(1.0, "Model loading took 1 GiB memory and 1 seconds")]) is None
 
 
 def test_ratio_is_load_seconds_over_size_over_disk_speed():
@@ -498,6 +508,7 @@ def test_load_runs_each_format_stops_the_server_and_writes_the_record(tmp_path, 
     size = rec["file_bytes"]
     st = first["formats"]["safetensors"]
     assert st["load_s"] == 4.0 and st["weights_s"] == 3.5 and st["model_gib"] == 18.17
+    assert st["drafter_s"] is None and 0 < st["loaded_at_s"] <= st["start_to_loaded_s"]
     assert st["ratio"] == ck.load_ratio(4.0, size, 2.0) and st["ratio_vs_parallel_read"] == ck.load_ratio(4.0, size, 4.0)
     assert st["argv"][-6:-4] == ["--load-format", "safetensors"] and "dummy" not in st["argv"]
     assert "--worker-cls" not in st["argv"] and st["exit_code_before_stop"] is None     # running until stopped
