@@ -29,24 +29,37 @@ tokenizer, no weights):
                                       and `--load-format FMT`, read the load seconds from vLLM's log, stop it; writes
                                       a JSON record (size, disk GB/s, per format load_s and ratio, argv, machine, date)
 
-On the GPU machine (the AWQ demo, 64 layers; ~17 GB of shards, so the disk needs ~20 GB free):
+On the GPU machine (the AWQ demo, 64 layers; ~19.5 GB of shards, so /tmp needs ~20 GB free), after
+tests/gpu/bootstrap.sh (PYTHONPATH=/tmp/site); each block fits one 10-minute call, /tmp/ckres survives between calls:
 
-  python -m turingbox demo-model /tmp/ckpt-awq --awq
-  python bench/checkpoint_load.py tensors /tmp/ckpt-awq --check-vllm
-  python bench/checkpoint_load.py write /tmp/ckpt-awq
-  python bench/checkpoint_load.py disk /tmp/ckpt-awq --out $OUT/disk.json
-  python bench/checkpoint_load.py load /tmp/ckpt-awq --disk-json $OUT/disk.json --out $OUT/checkpoint_load.json \\
-      --logs $OUT/logs --formats safetensors,safetensors-prefetch,fastsafetensors,runai_streamer
+  python3 -m turingbox demo-model /tmp/ckpt-awq --awq && mkdir -p /tmp/ckres
+  python3 bench/checkpoint_load.py tensors /tmp/ckpt-awq --check-vllm > /tmp/ckres/tensors.txt
+  python3 bench/checkpoint_load.py write /tmp/ckpt-awq > /tmp/ckres/write.json       # or --tensors-json FILE
+  python3 bench/checkpoint_load.py disk /tmp/ckpt-awq --out /tmp/ckres/disk.json
+  # then, one or two formats per call (each start is ~1-2 min to "Model loading took"):
+  python3 bench/checkpoint_load.py load /tmp/ckpt-awq --disk-json /tmp/ckres/disk.json \
+      --out /tmp/ckres/checkpoint_load.json --logs /tmp/ckres/logs --formats safetensors,fastsafetensors
+  python3 bench/checkpoint_load.py load /tmp/ckpt-awq --disk-json /tmp/ckres/disk.json \
+      --out /tmp/ckres/checkpoint_load.json --logs /tmp/ckres/logs --formats safetensors-prefetch,runai_streamer
+  cp -r /tmp/ckres $OUT/
+
+`write --tensors-json FILE` takes the list from `tensors DIR --json` made elsewhere (this checkout's CPU venv), for a
+machine whose transformers lacks the model class.
 
 Sizes it derives (transformers 5.25, vLLM 0.21 source): the 64-layer AWQ checkpoint 2,191 tensors, 19,512,618,464
 bytes (18.17 GiB: layers 11.79, embed_tokens + lm_head 4.74 in bf16, vision 0.86, MTP 0.79); bf16 1,199 tensors,
-55,562,855,904 bytes (51.75 GiB; 27.36 B parameters + 0.42 B MTP). The AWQ one is above the plan's 17.35 GiB
-weights estimate by the vision tower, which vLLM does not build for the demo's text-only plan (--language-model-only)
-but which a real checkpoint carries. Every floating tensor is in the config's dtype (bf16): Qwen3.6 stores
+55,562,855,904 bytes (51.75 GiB; 27.36 B parameters + 0.42 B MTP). The AWQ one is 0.83 GiB above the plan's 17.35 GiB
+weights estimate: the vision tower (0.86 GiB), which vLLM does not build for the demo's text-only plan
+(--language-model-only) but which a real checkpoint carries, less 0.03 GiB because the plan counts in_proj_b/a at 16
+bits (see the note below). Every floating tensor is in the config's dtype (bf16): Qwen3.6 stores
 linear_attn.A_log and linear_attn.norm in bf16 too (Qwen3.5 in fp32, vLLM PR 51836); AWQ scales are fp16.
 Note: vLLM 0.21 matches modules_to_not_convert against a fused layer's shard names (in_proj_b, in_proj_a), so the
 demo config's "in_proj_ba" entry keeps nothing at 16 bits; the checkpoint follows what vLLM allocates (in_proj_b/a
 quantized: qweight [5120, 6]); the tests check this against vLLM's own is_layer_skipped.
+
+With MTP on, vLLM 0.21 loads the drafter inside the timed "Model loading took" window and its loader iterates all
+the checkpoint's files again (get_model -> DefaultModelLoader; only mtp.*, the embedding and lm_head are kept): the
+record's drafter_s (arrival of "Loading drafter model..." to "Model loading took") shows that share.
 
 Formats: safetensors (vLLM's default, mmap), safetensors-prefetch / safetensors-eager (--safetensors-load-strategy),
 fastsafetensors (package `fastsafetensors`), runai_streamer (package `runai_model_streamer`), instanttensor (package
