@@ -45,7 +45,9 @@ from turingbox.plan.types import Plan
 from turingbox.serve import stages
 from turingbox.serve.metrics import ServeMetrics
 from turingbox.serve.options import ServeOptions, api_key_state
-from turingbox.serve.sidecar import ServeState, Sidecar, limited_protocol
+from turingbox.serve.app import Sidecar
+from turingbox.serve.http_limits import limited_protocol
+from turingbox.serve.state import ServeState
 from turingbox_plugin.contract import RUNTIME_DIR_ENV
 
 log = logging.getLogger("turingbox.serve")
@@ -183,7 +185,7 @@ def _finish_session(session: Any, ok: bool) -> None:
 
 
 def http_protocol(options: ServeOptions):
-    """httptools with the head limit and deadline (see sidecar.limited_protocol); h11 (whose own
+    """httptools with the head limit and deadline (see http_limits.limited_protocol); h11 (whose own
     h11_max_incomplete_event_size bounds the head) where httptools is missing."""
     try:
         import httptools  # noqa: F401
