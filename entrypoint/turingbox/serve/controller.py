@@ -10,7 +10,8 @@ exits (2 for a plan or setting that cannot work, 1 otherwise), so an orchestrato
 Signals are handled like uvicorn's capture_signals, but with the drain in between: the first
 SIGTERM/SIGINT turns readiness to 503 and refuses new /v1 requests, lets in-flight requests
 finish up to drain_grace_seconds, then stops vLLM's process group (SIGTERM, grace, SIGKILL) and
-exits 0. A second signal kills the group and exits at once with 128 + the signal number.
+exits 0. A second signal kills the group and exits at once with 128 + the signal number. The handlers'
+installation, the exit and the sidecar's uvicorn server are lifecycle.py's.
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import copy
 import errno
 import json
 import logging
-import os
 import re
 import shlex
 import shutil
@@ -32,7 +32,6 @@ import threading
 from typing import Any, Callable, Mapping
 
 import httpx
-import uvicorn
 
 from turingbox import settings
 from turingbox.engine.diagnosis import FailureDiagnosis
@@ -46,13 +45,12 @@ from turingbox.serve import stages
 from turingbox.serve.metrics import ServeMetrics
 from turingbox.serve.options import ServeOptions, api_key_state
 from turingbox.serve.app import Sidecar
-from turingbox.serve.http_limits import limited_protocol
+from turingbox.serve.lifecycle import SidecarServer, configure_logging, exit_now, handle_stop_signals, sidecar_server
 from turingbox.serve.state import ServeState
 from turingbox_plugin.contract import RUNTIME_DIR_ENV
 
 log = logging.getLogger("turingbox.serve")
 
-KEEPALIVE_S = 65
 EXIT_UPSTREAM_FAILED = 1        # vLLM died, or startup after launching it failed
 _SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL|_KEY$", re.I)
 
@@ -184,24 +182,6 @@ def _finish_session(session: Any, ok: bool) -> None:
         log.warning("could not finish the cache entry: %s", exc)
 
 
-def http_protocol(options: ServeOptions):
-    """httptools with the head limit and deadline (see http_limits.limited_protocol); h11 (whose own
-    h11_max_incomplete_event_size bounds the head) where httptools is missing."""
-    try:
-        import httptools  # noqa: F401
-    except ImportError:
-        return "h11"
-    return limited_protocol(options.max_header_bytes, options.client_timeout_seconds)
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handlers: the controller owns SIGTERM/SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
-
-
 class StartupFailed(Exception):
     """Startup after vLLM was launched went wrong; the message is one sentence."""
 
@@ -235,7 +215,7 @@ class Controller:
         self.fatal: tuple[int, str] | None = None
         self.fatal_event = asyncio.Event()
         self.signals: list[int] = []
-        self.server: _Server | None = None
+        self.server: SidecarServer | None = None
 
     # -- signals
 
@@ -253,11 +233,7 @@ class Controller:
         log.warning("second signal (%s): stopping vLLM with SIGKILL and exiting now", name)
         self.supervisor.kill_now()
         self._remove_temporaries(wait=False)
-        logging.shutdown()
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(128 + sig)
+        exit_now(128 + sig)
 
     def _observe_line(self, line: str) -> None:
         self.diagnosis.observe(line)          # first: a stage-detection error must not hide a cause
@@ -273,17 +249,8 @@ class Controller:
     # -- main
 
     async def run(self, sock: socket.socket) -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.on_signal, sig)
-        config = uvicorn.Config(self.sidecar, lifespan="off", log_config=None, log_level="warning",
-                                # Idle client connections are kept longer than clients keep them in their
-                                # pools (httpx 5 s, aiohttp 15 s, load balancers 60 s): the client retires
-                                # a connection first, never writes a request into one the sidecar is closing.
-                                access_log=False, timeout_keep_alive=KEEPALIVE_S, timeout_graceful_shutdown=3,
-                                server_header=False, http=http_protocol(self.options),
-                                h11_max_incomplete_event_size=self.options.max_header_bytes)
-        self.server = _Server(config)
+        handle_stop_signals(self.on_signal)
+        self.server = sidecar_server(self.sidecar, self.options)
         server_task = asyncio.create_task(self.server.serve(sockets=[sock]), name="sidecar")
         host, port = sock.getsockname()[:2]
         log.info("sidecar listening on %s:%d (health, metrics, /v1 proxy)", host, port)
@@ -590,18 +557,6 @@ class Controller:
                     else:
                         log.info("vLLM answers /health again")
                 self.state.probe_failure = failure
-
-
-def configure_logging() -> None:
-    root = logging.getLogger()
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    # httpx2: huggingface_hub's client (downloads of a hub model) logs every request at INFO
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "httpx", "httpcore", "httpx2"):
-        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def serve(options: ServeOptions, plan_fn: Callable[[], Plan], passthrough: list[str]) -> int:
