@@ -20,7 +20,8 @@ from sidecar_harness import REPO, wait_until
 from turingbox.serve import stages
 from turingbox.serve.metrics import ServeMetrics, UpstreamError, validate_exposition
 from turingbox.serve.options import ServeOptions
-from turingbox.serve.sidecar import ServeState, Sidecar
+from turingbox.serve.app import Sidecar
+from turingbox.serve.state import ServeState
 
 pytestmark = pytest.mark.timeout(60)
 

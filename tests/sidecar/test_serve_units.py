@@ -8,7 +8,8 @@ import pytest
 
 from turingbox.errors import UsageError
 from turingbox.serve import stages
-from turingbox.engine.launch import flag_value, mask_argv, vllm_argv, vllm_env, worker_check
+from turingbox.engine.launch import (flag_value, mask_argv, strict_warmup_problems, vllm_argv, vllm_env,
+                                     worker_check)
 from turingbox.serve.controller import cache_is_warm, check_passthrough, make_redactor, public_plan
 from turingbox.serve.options import api_key_state
 from turingbox.serve.metrics import route_label
@@ -143,7 +144,6 @@ def test_worker_check():
     msg = worker_check([ok, dict(ok, rank=1)], 2, True, data_parallel_size=2)
     assert "worker(s) 2, 3 of 4" in msg
     # the seed's check counts every engine's workers too
-    from turingbox.serve.warmup_command import strict_warmup_problems
     assert strict_warmup_problems([dict(ok, rank=r) for r in range(4)], 2, 2) == []
     assert strict_warmup_problems([ok, dict(ok, rank=1)], 2, 2) == ["2 of 4 workers reported their warmup"]
 

@@ -135,6 +135,22 @@ def worker_check(workers: list[dict], tensor_parallel_size: int, require_plugin:
     return None
 
 
+def strict_warmup_problems(workers: list[dict], tensor_parallel_size: int,
+                           data_parallel_size: int = 1) -> list[str]:
+    """Why the workers' own warmup reports do not prove a warm engine (empty list = they do): every worker of every
+    data-parallel engine must report a passing warmup, and none compiled after ready (a seed's check, whatever
+    require_plugin says)."""
+    problems = []
+    expected = tensor_parallel_size * max(1, data_parallel_size)
+    if len(workers) < expected:
+        problems.append(f"{len(workers)} of {expected} workers reported their warmup")
+    for w in workers:
+        warm = w.get("warmup") or {}
+        if not warm.get("ok"):
+            problems.append(f"worker {w.get('rank')} warmup failed: {warm.get('error') or 'no result'}")
+    return problems + jit_after_ready(list(workers))
+
+
 def free_loopback_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

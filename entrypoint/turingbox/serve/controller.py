@@ -10,7 +10,8 @@ exits (2 for a plan or setting that cannot work, 1 otherwise), so an orchestrato
 Signals are handled like uvicorn's capture_signals, but with the drain in between: the first
 SIGTERM/SIGINT turns readiness to 503 and refuses new /v1 requests, lets in-flight requests
 finish up to drain_grace_seconds, then stops vLLM's process group (SIGTERM, grace, SIGKILL) and
-exits 0. A second signal kills the group and exits at once with 128 + the signal number.
+exits 0. A second signal kills the group and exits at once with 128 + the signal number. The handlers'
+installation, the exit and the sidecar's uvicorn server are lifecycle.py's.
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import copy
 import errno
 import json
 import logging
-import os
 import re
 import shlex
 import shutil
@@ -29,29 +29,28 @@ import socket
 import sys
 import tempfile
 import threading
-import time
 from typing import Any, Callable, Mapping
 
 import httpx
-import uvicorn
 
 from turingbox import settings
-from turingbox.engine.launch import (MASK, SECRET_FLAGS, EngineNotAnswering, flag_value,
-                                     flag_values, free_loopback_port, health_client, instance_runtime_dir,
-                                     mask_argv, parent_env, read_workers, vllm_argv, vllm_env,
-                                     wait_until_answering, worker_check)
 from turingbox.engine.diagnosis import FailureDiagnosis
+from turingbox.engine.engine import ENGINE_READY, ENGINE_START, Engine, EngineNotAnswering, EngineUnfit
+from turingbox.engine.launch import (MASK, SECRET_FLAGS, flag_value, flag_values, health_client, mask_argv,
+                                     parent_env, read_workers, vllm_env)
 from turingbox.engine.supervisor import Supervisor, describe_exit
 from turingbox.errors import UsageError
 from turingbox.plan.types import Plan
 from turingbox.serve import stages
 from turingbox.serve.metrics import ServeMetrics
 from turingbox.serve.options import ServeOptions, api_key_state
-from turingbox.serve.sidecar import ServeState, Sidecar, limited_protocol
+from turingbox.serve.app import Sidecar
+from turingbox.serve.lifecycle import SidecarServer, configure_logging, exit_now, handle_stop_signals, sidecar_server
+from turingbox.serve.state import ServeState
+from turingbox_plugin.contract import RUNTIME_DIR_ENV
 
 log = logging.getLogger("turingbox.serve")
 
-KEEPALIVE_S = 65
 EXIT_UPSTREAM_FAILED = 1        # vLLM died, or startup after launching it failed
 _SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL|_KEY$", re.I)
 
@@ -183,24 +182,6 @@ def _finish_session(session: Any, ok: bool) -> None:
         log.warning("could not finish the cache entry: %s", exc)
 
 
-def http_protocol(options: ServeOptions):
-    """httptools with the head limit and deadline (see sidecar.limited_protocol); h11 (whose own
-    h11_max_incomplete_event_size bounds the head) where httptools is missing."""
-    try:
-        import httptools  # noqa: F401
-    except ImportError:
-        return "h11"
-    return limited_protocol(options.max_header_bytes, options.client_timeout_seconds)
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handlers: the controller owns SIGTERM/SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
-
-
 class StartupFailed(Exception):
     """Startup after vLLM was launched went wrong; the message is one sentence."""
 
@@ -221,6 +202,7 @@ class Controller:
         self.runtime_dir: str | None = None
         self.own_runtime_dir: str | None = None   # this instance's directory (instance_runtime_dir): removed at exit
         self.raw_plan: Plan | None = None
+        self.engine: Engine | None = None          # once planned
         self.metrics = ServeMetrics(self.tracker, worker_status=self._worker_status,
                                     gpu_uuids=lambda: list(self.raw_plan.gpus) if self.raw_plan else [])
         self.sidecar = Sidecar(self.state, self.metrics)
@@ -233,7 +215,7 @@ class Controller:
         self.fatal: tuple[int, str] | None = None
         self.fatal_event = asyncio.Event()
         self.signals: list[int] = []
-        self.server: _Server | None = None
+        self.server: SidecarServer | None = None
 
     # -- signals
 
@@ -251,11 +233,7 @@ class Controller:
         log.warning("second signal (%s): stopping vLLM with SIGKILL and exiting now", name)
         self.supervisor.kill_now()
         self._remove_temporaries(wait=False)
-        logging.shutdown()
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(128 + sig)
+        exit_now(128 + sig)
 
     def _observe_line(self, line: str) -> None:
         self.diagnosis.observe(line)          # first: a stage-detection error must not hide a cause
@@ -271,17 +249,8 @@ class Controller:
     # -- main
 
     async def run(self, sock: socket.socket) -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.on_signal, sig)
-        config = uvicorn.Config(self.sidecar, lifespan="off", log_config=None, log_level="warning",
-                                # Idle client connections are kept longer than clients keep them in their
-                                # pools (httpx 5 s, aiohttp 15 s, load balancers 60 s): the client retires
-                                # a connection first, never writes a request into one the sidecar is closing.
-                                access_log=False, timeout_keep_alive=KEEPALIVE_S, timeout_graceful_shutdown=3,
-                                server_header=False, http=http_protocol(self.options),
-                                h11_max_incomplete_event_size=self.options.max_header_bytes)
-        self.server = _Server(config)
+        handle_stop_signals(self.on_signal)
+        self.server = sidecar_server(self.sidecar, self.options)
         server_task = asyncio.create_task(self.server.serve(sockets=[sock]), name="sidecar")
         host, port = sock.getsockname()[:2]
         log.info("sidecar listening on %s:%d (health, metrics, /v1 proxy)", host, port)
@@ -430,29 +399,28 @@ class Controller:
                       if settings.env_state("runtime_dir") == "set" else None)
         base = (env.get("TURINGBOX_RUNTIME_DIR")
                 or configured or tempfile.gettempdir())
-        self.runtime_dir = self.own_runtime_dir = instance_runtime_dir(base, "serve")
-        env["TURINGBOX_RUNTIME_DIR"] = self.runtime_dir
+        # Under the controller's own supervisor, made before the plan so a signal at any stage reaches the group.
+        self.engine = engine = Engine(
+            plan, env=env, runtime_base=base, kind="serve", vllm_command=opts.vllm_command,
+            passthrough=self.passthrough, upstream_port=opts.upstream_port,
+            answer_timeout_s=opts.startup_timeout_seconds, stop_grace_s=opts.vllm_stop_grace_seconds,
+            on_stage=self._engine_stage, supervisor=self.supervisor, diagnosis=self.diagnosis)
+        self.runtime_dir = self.own_runtime_dir = engine.runtime_dir
         # what `turingbox jit-report --url` reads
         self.state.plan = {**self.state.plan, "env": {**(self.state.plan.get("env") or {}),
-                                                      "TURINGBOX_RUNTIME_DIR": self.runtime_dir}}
-        port = opts.upstream_port or free_loopback_port()
-        argv = vllm_argv(plan.vllm_args, port, self.passthrough, opts.vllm_command)
-        log.info("starting vLLM: %s", shlex.join(mask_argv(argv)))
-        await self.supervisor.start(argv, env)
+                                                      RUNTIME_DIR_ENV: self.runtime_dir}}
+        await engine.start()
         asyncio.create_task(self._watch_upstream(), name="vllm-watch")
-        base = f"http://127.0.0.1:{port}"
 
-        # 4. wait until vLLM answers /health and /v1/models
-        await self._wait_for_upstream(base)
-        self.tracker.advance(stages.WARMING)
+        # 4. wait until vLLM answers /health and /v1/models (the engine-ready stage turns serve's to warming)
+        await self._wait_for_upstream(engine)
 
         # 5. active warmup with real requests, 6. the workers' plugin status
-        model = plan.served_model_name or plan.model
         if opts.active_warmup:
-            await self._active_warmup(base, model)
-        self._check_workers(plan)
+            await self._active_warmup(engine.url, engine.served_model)
+        self._check_workers(engine)
 
-        self.state.upstream_url = base
+        self.state.upstream_url = engine.url
         self.state.startup_ok = True
         self.tracker.advance(stages.READY)
         # Completing the cache entry walks every file of it: not on the loop that proxies requests.
@@ -464,10 +432,10 @@ class Controller:
                  ", ".join(f"{k} {v:.1f} s" for k, v in t.durations.items()), t.graphs_loaded, t.graphs_compiled)
         warning = stages.compile_cache_warning(t.profile, t.graphs_compiled, t.graphs_loaded,
                                                getattr(session, "entry", None),
-                                               env.get("VLLM_DISABLE_COMPILE_CACHE", "0") not in ("", "0"))
+                                               engine.env.get("VLLM_DISABLE_COMPILE_CACHE", "0") not in ("", "0"))
         if warning:
             log.warning("%s", warning)
-        await self._probe_upstream(base)
+        await self._probe_upstream(engine.url)
 
     async def _ensure_model(self, plan: Plan) -> None:
         """The downloading stage: a plan whose model is a hub snapshot directory (turingbox.model.hub) gets the files
@@ -526,16 +494,24 @@ class Controller:
         self._finish_cache(False)
         self.upstream_died.set()
 
-    async def _wait_for_upstream(self, base: str) -> None:
+    def _engine_stage(self, name: str) -> None:
+        """The engine's stages, as serve reports them (its own log-line stages come from _observe_line)."""
+        engine = self.engine
+        if name == ENGINE_START:
+            log.info("starting vLLM: %s", shlex.join(mask_argv(engine.argv)))
+        elif name == ENGINE_READY:
+            log.info("vLLM answers on %s, models %s", engine.url, engine.served_models)
+            self.tracker.advance(stages.WARMING)
+
+    async def _wait_for_upstream(self, engine: Engine) -> None:
+        """Until vLLM answers; its death meanwhile is _watch_upstream's to report (the engine does not fail fast)."""
         limit = self.options.startup_timeout_seconds
         try:
-            ids = await wait_until_answering(
-                base, time.monotonic() + limit, lambda: True, self.upstream_key,
-                what_timed_out=lambda: (f"vLLM did not answer within startup_timeout_seconds={limit:.0f} "
-                                        f"(last stage: {self.tracker.stage})."))
+            await engine.wait_until_answering(
+                lambda: (f"vLLM did not answer within startup_timeout_seconds={limit:.0f} "
+                         f"(last stage: {self.tracker.stage})."), fail_on_exit=False)
         except EngineNotAnswering as exc:
             raise StartupFailed(str(exc)) from None
-        log.info("vLLM answers on %s, models %s", base, ids)
 
     async def _active_warmup(self, base: str, model: str) -> None:
         from turingbox.serve.active_warmup import run_active_warmup
@@ -549,12 +525,11 @@ class Controller:
             raise StartupFailed(why[0].upper() + why[1:].rstrip(".") + ".") from None
         log.info("active warmup %s", json.dumps(result, sort_keys=True, default=str))
 
-    def _check_workers(self, plan: Plan) -> None:
-        workers = self._worker_status()
-        problem = worker_check(workers, plan.tensor_parallel_size, plan.plugin.require_plugin,
-                               plan.data_parallel_size)
-        if problem:
-            raise StartupFailed(problem)
+    def _check_workers(self, engine: Engine) -> None:
+        try:
+            workers = engine.check(strict=False)
+        except EngineUnfit as exc:
+            raise StartupFailed(str(exc)) from None
         for w in workers:
             warm = w.get("warmup") or {}
             log.info("worker rank %s: plugin %s, gdn %s, warmup %s kernels in %s s, ok=%s",
@@ -582,18 +557,6 @@ class Controller:
                     else:
                         log.info("vLLM answers /health again")
                 self.state.probe_failure = failure
-
-
-def configure_logging() -> None:
-    root = logging.getLogger()
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    # httpx2: huggingface_hub's client (downloads of a hub model) logs every request at INFO
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "httpx", "httpcore", "httpx2"):
-        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def serve(options: ServeOptions, plan_fn: Callable[[], Plan], passthrough: list[str]) -> int:

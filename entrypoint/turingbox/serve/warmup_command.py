@@ -7,17 +7,24 @@ from them, so they are a small protocol: STAGES is its single definition.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as _dt
 import json
 import os
-import shutil
+import signal
 import sys
+import tempfile
 from typing import Any, Mapping
 
 from turingbox import settings
 from turingbox.cache import store
+from turingbox.engine.engine import Engine, EngineNotAnswering, EngineUnfit
+from turingbox.engine.launch import parent_env, vllm_env
 from turingbox.errors import UsageError
 from turingbox.plan.types import Plan, load_saved_plan
+from turingbox.serve.active_warmup import run_active_warmup
+from turingbox.serve.stages import GRAPH_COMPILED
+from turingbox_plugin.contract import RUNTIME_DIR_ENV
 
 # the launcher's settings the warmup reads (serve declares and reads the same ones)
 LAUNCHER_SETTINGS = ("vllm_command", "vllm_stop_grace_seconds")
@@ -196,23 +203,6 @@ def _load_plan(args) -> Plan:
     return plan_from_args(args)
 
 
-def strict_warmup_problems(worker_status: list[Mapping[str, Any]], tensor_parallel_size: int,
-                           data_parallel_size: int = 1) -> list[str]:
-    """Why the workers' own warmup reports do not prove a warm engine (empty list = they do): every worker of every
-    data-parallel engine must report."""
-    from turingbox.engine.launch import jit_after_ready
-
-    problems = []
-    expected = tensor_parallel_size * max(1, data_parallel_size)
-    if len(worker_status) < expected:
-        problems.append(f"{len(worker_status)} of {expected} workers reported their warmup")
-    for w in worker_status:
-        warm = w.get("warmup") or {}
-        if not warm.get("ok"):
-            problems.append(f"worker {w.get('rank')} warmup failed: {warm.get('error') or 'no result'}")
-    return problems + jit_after_ready(list(worker_status))
-
-
 def run_warmup(args) -> int:
     # every setting this command reads, resolved once, before any work (bad input first)
     values = settings.resolve(settings.CACHE_SETTINGS + settings.WARMUP_SETTINGS + LAUNCHER_SETTINGS, args)
@@ -238,7 +228,9 @@ def _seed(args, plan: Plan, session: store.CacheSession, values: Mapping[str, An
         return 0
     ok = False
     try:
-        _warm_engine(plan, session, values, list(getattr(args, "vllm_passthrough", []) or []))
+        _warm_engine(plan, session, list(getattr(args, "vllm_passthrough", []) or []),
+                     vllm_command=values["vllm_command"], warmup_timeout_s=values["warmup_timeout"],
+                     stop_grace_s=values["vllm_stop_grace_seconds"])
         ok = True
     except UsageError:
         raise
@@ -273,24 +265,13 @@ def _print_result(session: store.CacheSession, plan: Plan) -> None:
     }, sort_keys=True), flush=True)
 
 
-def engine_env(plan: Plan, cache_env: Mapping[str, str], runtime_dir: str) -> dict[str, str]:
-    """The vLLM process environment, built as serve builds it (the one launcher's vllm_env)."""
-    from turingbox.engine.launch import parent_env, vllm_env
-
-    env = vllm_env(parent_env(), plan.env, cache_env)
-    env["TURINGBOX_RUNTIME_DIR"] = runtime_dir
-    return env
-
-
-def _warm_engine(plan: Plan, session: store.CacheSession, values: Mapping[str, Any], passthrough: list[str]) -> None:
-    """Start vLLM with serve's own launcher (turingbox.engine: launch.vllm_argv + supervisor.Supervisor), wait until
-    it answers, check the workers' strict warmup, run the active warmup, stop it gracefully.
+def _warm_engine(plan: Plan, session: store.CacheSession, passthrough: list[str], *, vllm_command: str | None,
+                 warmup_timeout_s: float, stop_grace_s: float) -> None:
+    """Start vLLM with serve's own engine start (turingbox.engine.engine.Engine), wait until it answers, check the
+    workers' strict warmup, run the active warmup, stop it gracefully.
 
     SIGTERM/SIGINT (a pod or job being stopped) cancel the run, so vLLM's whole process group is
     stopped and the entry is left incomplete rather than orphaning the engine."""
-    import asyncio
-    import signal
-
     async def guarded() -> None:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
@@ -302,7 +283,7 @@ def _warm_engine(plan: Plan, session: store.CacheSession, values: Mapping[str, A
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, interrupt, sig)
         try:
-            await _warm_engine_async(plan, session, values, passthrough)
+            await _warm_engine_async(plan, session, passthrough, vllm_command, warmup_timeout_s, stop_grace_s)
         except asyncio.CancelledError:
             if received:
                 raise SeedFailed(f"Seeding cache entry {session.key} was interrupted by "
@@ -311,8 +292,9 @@ def _warm_engine(plan: Plan, session: store.CacheSession, values: Mapping[str, A
     asyncio.run(guarded())
 
 
-async def _warm_engine_async(plan: Plan, session, values: Mapping[str, Any], passthrough) -> None:
-    compiled = await _start_once(plan, session, values, passthrough)
+async def _warm_engine_async(plan: Plan, session: store.CacheSession, passthrough: list[str],
+                             vllm_command: str | None, warmup_timeout_s: float, stop_grace_s: float) -> None:
+    compiled = await _start_once(plan, session, passthrough, vllm_command, warmup_timeout_s, stop_grace_s)
     if compiled:
         # vLLM sizes its KV cache from the memory its profile run peaked at, and a start that compiles its graphs
         # peaks higher than one that loads them (H200, 64-layer demo: 79.84 against 81.19 GiB). Triton specialises
@@ -322,72 +304,39 @@ async def _warm_engine_async(plan: Plan, session, values: Mapping[str, Any], pas
         stage("loading-start", f"vLLM compiled {compiled} graph(s); starting it once more as serve will, "
                                "loading them, to fill the kernels of that KV cache size")
         try:
-            await _start_once(plan, session, values, passthrough)
+            await _start_once(plan, session, passthrough, vllm_command, warmup_timeout_s, stop_grace_s)
         except SeedFailed as exc:
             raise SeedFailed(f"The seed's second (loading) start failed: {exc}") from None
         except Exception as exc:      # the active warmup's one sentence, or the engine's own failure
             raise SeedFailed(f"The seed's second (loading) start failed: {exc.__class__.__name__}: {exc}") from None
 
 
-async def _start_once(plan: Plan, session, values: Mapping[str, Any], passthrough) -> int:
-    """One vLLM start with its own runtime folder (workers' status files are per start)."""
-    import tempfile
-
-    from turingbox.engine.launch import instance_runtime_dir
-    base = plan.env.get("TURINGBOX_RUNTIME_DIR") or tempfile.gettempdir()
-    runtime_dir = instance_runtime_dir(base, "warmup")    # this engine's own: a serve beside it keeps its files
-    try:
-        return await _run_engine(plan, session, values["warmup_timeout"], passthrough, values["vllm_command"],
-                                 runtime_dir, values["vllm_stop_grace_seconds"])
-    finally:
-        shutil.rmtree(runtime_dir, ignore_errors=True)    # the engine is stopped, nothing reads it any more
-
-
-async def _run_engine(plan: Plan, session, timeout, passthrough, vllm_command, runtime_dir, stop_grace_s) -> int:
-    """serve's launcher (turingbox.engine): the same argv, environment, supervisor, wait and worker check.
-    Returns how many torch.compile graphs vLLM said it compiled (not loaded) at this start."""
-    import asyncio
-    import time
-
-    from turingbox.engine import launch, supervisor
-    from turingbox.engine.diagnosis import FailureDiagnosis
-    from turingbox.serve.active_warmup import run_active_warmup
-    from turingbox.serve.stages import GRAPH_COMPILED
-
-    port = launch.free_loopback_port()
-    argv = launch.vllm_argv(plan.vllm_args, port, passthrough, vllm_command)
-    base = f"http://127.0.0.1:{port}"
-    diagnosis = FailureDiagnosis()
+async def _start_once(plan: Plan, session: store.CacheSession, passthrough: list[str], vllm_command: str | None,
+                      warmup_timeout_s: float, stop_grace_s: float) -> int:
+    """One vLLM start (serve's Engine: the same argv, environment, supervisor, wait and worker check) with its own
+    runtime folder (workers' status files are per start; a serve beside it keeps its own). Returns how many
+    torch.compile graphs vLLM said it compiled (not loaded) at this start."""
     compiled = 0
 
-    def on_line(line: str) -> None:
+    def count_compiled(line: str) -> None:
         nonlocal compiled
         compiled += GRAPH_COMPILED in line
-        diagnosis.observe(line)
-    engine = supervisor.Supervisor(on_line=on_line, output=sys.stdout.buffer)
-    stage("engine-start")
-    await engine.start(argv, engine_env(plan, session.env, runtime_dir))
+    engine = Engine(plan, env=vllm_env(parent_env(), plan.env, session.env),
+                    runtime_base=plan.env.get(RUNTIME_DIR_ENV) or tempfile.gettempdir(), kind="warmup",
+                    vllm_command=vllm_command, passthrough=passthrough, answer_timeout_s=warmup_timeout_s,
+                    stop_grace_s=stop_grace_s, on_stage=stage, on_line=count_compiled, output=sys.stdout.buffer)
     try:
-        deadline = time.monotonic() + timeout
+        await engine.start()
         try:
-            await launch.wait_until_answering(
-                base, deadline, lambda: engine.running,
-                what_timed_out=lambda: f"vLLM did not answer within warmup_timeout={timeout:.0f} s.",
-                exit_sentence=lambda: " ".join(filter(None, (
-                    f"vLLM exited before it was ready ({supervisor.describe_exit(engine.returncode)}).",
-                    diagnosis.sentence))))
-        except launch.EngineNotAnswering as exc:
+            await engine.wait_until_answering(
+                lambda: f"vLLM did not answer within warmup_timeout={warmup_timeout_s:.0f} s.")
+            engine.check(strict=True)
+        except (EngineNotAnswering, EngineUnfit) as exc:
             raise SeedFailed(str(exc)) from None
-        stage("engine-ready")
-        stage("strict-warmup")
-        problems = strict_warmup_problems(launch.read_workers(runtime_dir), plan.tensor_parallel_size,
-                                          plan.data_parallel_size)
-        if problems:
-            raise SeedFailed("Strict warmup did not pass: " + "; ".join(problems) + ".")
         stage("active-warmup")
-        model = plan.served_model_name or plan.model
-        await asyncio.to_thread(run_active_warmup, base, model, None, max(60.0, deadline - time.monotonic()))
+        await asyncio.to_thread(run_active_warmup, engine.url, engine.served_model, engine.api_key,
+                                max(60.0, engine.seconds_left()))
     finally:
-        stage("engine-stop")
-        await engine.stop(stop_grace_s)
+        await engine.stop()
+        engine.remove_runtime_dir()
     return compiled
