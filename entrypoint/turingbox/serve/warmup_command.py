@@ -1,7 +1,7 @@
 """`turingbox warmup [--seed-only]` and `turingbox cache show|verify|seed`.
 
 Seeding prints one `turingbox-stage: <name>` line per stage and a final
-`turingbox-seed-result: {json}` line; `make warmup-cache` (turingbox.build.seed_docker) drives its progress bar
+`turingbox-seed-result: {json}` line; `make warmup-cache` (turingbox_warmup.seed_volume) drives its progress bar
 from them, so they are a small protocol: STAGES is its single definition.
 """
 from __future__ import annotations
