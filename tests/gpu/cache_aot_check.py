@@ -137,7 +137,8 @@ def child(mode: str, records: str) -> dict:
 
 def run_child(mode: str, cache_dir: str, records: str) -> dict:
     env = {**os.environ, "TRITON_CACHE_DIR": cache_dir, "PYTHONPATH": os.pathsep.join(
-        p for p in (os.environ.get("PYTHONPATH"), os.path.join(REPO, "plugin"), os.path.join(REPO, "entrypoint")) if p)}
+        p for p in (os.environ.get("PYTHONPATH"), os.path.join(REPO, "plugin"), os.path.join(REPO, "entrypoint"),
+                    os.path.join(REPO, "warmup")) if p)}
     r = subprocess.run([sys.executable, __file__, "--child", mode, records], env=env, capture_output=True,
                        text=True, timeout=300)
     lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
@@ -183,7 +184,7 @@ def engine_capture(work: str, out_dir: str, arch: str) -> dict:
     import socket
     import threading
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (os.path.join(REPO, "entrypoint"), os.path.join(REPO, "plugin"),
+        p for p in (os.path.join(REPO, "entrypoint"), os.path.join(REPO, "warmup"), os.path.join(REPO, "plugin"),
                     os.environ.get("PYTHONPATH")) if p)}
     plan_run = subprocess.run([sys.executable, "-m", "turingbox", "plan", "--json"], env=env, capture_output=True,
                               text=True, timeout=300)
