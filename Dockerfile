@@ -62,6 +62,7 @@ ARG BUILD_GDN_LIB=auto
 COPY plugin /src/plugin
 COPY pyproject.toml /src/app/pyproject.toml
 COPY entrypoint /src/app/entrypoint
+COPY warmup /src/app/warmup
 WORKDIR /src
 RUN set -eu; \
     nvcc_bin=$(command -v nvcc || true); \
@@ -77,7 +78,7 @@ RUN set -eu; \
 # ---------------------------------------------------------------------------------------------
 FROM deps AS flashinfer-aot
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# FlashInfer's JIT modules for the image's plans (entrypoint/turingbox/build/aot_specs/flashinfer-*.jsonl: the
+# FlashInfer's JIT modules for the image's plans (warmup/turingbox_warmup/image/aot_specs/flashinfer-*.jsonl: the
 # batch-prefill module of each FLASHINFER plan, the sampling module of every plan), built without a GPU by
 # FlashInfer's own JitSpec.build() (ninja + nvcc) into the layout FlashInfer loads from; every new cache entry
 # starts with a copy (docs/caches.md), so a first start on a 2080 Ti runs nvcc zero times. Only the result
@@ -121,9 +122,9 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     fi; \
     build_dir=""; if mountpoint -q /root/.cache/turingbox-flashinfer-build; then build_dir="--build-dir /root/.cache/turingbox-flashinfer-build"; fi; \
     only=""; if [ "$modules" != all ]; then for m in $(echo "$modules" | tr , ' '); do only="$only --only $m"; done; fi; \
-    PATH=/opt/venv/bin:$PATH python -m turingbox.build.flashinfer_aot build --arch "$archs" \
+    PATH=/opt/venv/bin:$PATH python -m turingbox_warmup.image.flashinfer_aot build --arch "$archs" \
       --out /opt/turingbox/flashinfer-aot $build_dir $only; \
-    PATH=/opt/venv/bin:$PATH python -m turingbox.build.flashinfer_aot check --arch 7.5 --dir /opt/turingbox/flashinfer-aot; \
+    PATH=/opt/venv/bin:$PATH python -m turingbox_warmup.image.flashinfer_aot check --arch 7.5 --dir /opt/turingbox/flashinfer-aot; \
     chmod -R a+rX,go-w /opt/turingbox/flashinfer-aot
 
 # ---------------------------------------------------------------------------------------------
@@ -165,14 +166,14 @@ RUN pip install --no-deps --no-index --no-cache-dir --disable-pip-version-check 
 # Triton and ptxas (the cache key includes both), into a read-only layer the runtime consults; with
 # them the C launcher per kernel signature and Triton's cuda_utils, built by gcc against a stub libcuda.
 ARG TRITON_AOT_ARCHS=7.5,8.0,8.6,8.9,9.0
-RUN python -m turingbox.build.aot --arch "${TRITON_AOT_ARCHS}" --cache-dir /opt/turingbox/triton-cache
+RUN python -m turingbox_warmup.image.triton_aot --arch "${TRITON_AOT_ARCHS}" --cache-dir /opt/turingbox/triton-cache
 # Each new cache entry starts with these kernels (turingbox.cache.store copies them in).
 ENV TURINGBOX_AOT_TRITON_DIR=/opt/turingbox/triton-cache
 
 # vLLM's model-class facts for the image's architectures (Qwen3.6 and its MTP drafter), written by vLLM's own
 # registry without a GPU: without them vLLM imports each class in a fresh interpreter at every start from an empty
 # cache entry (44-66 s on the H200, docs/startup.md). Each new cache entry starts with a copy.
-RUN python -m turingbox.build.modelinfos --out /opt/turingbox/vllm-modelinfos
+RUN python -m turingbox_warmup.image.modelinfos --out /opt/turingbox/vllm-modelinfos
 ENV TURINGBOX_AOT_MODELINFOS_DIR=/opt/turingbox/vllm-modelinfos
 
 # FlashInfer's modules from the flashinfer-aot stage (<dir>/.cache/flashinfer/<version>/<arch>/cached_ops/<uri>/);

@@ -80,10 +80,10 @@ lint: ## hadolint, yamllint, kubernetes-validate
 	kubernetes-validate deploy/kubernetes/*.yaml
 
 warmup-cache: ## seed the cache volume by running the image on this host's GPUs (Docker SDK)
-	$(PYTHON) -m turingbox.build.seed_docker --image $(IMAGE)
+	$(PYTHON) -m turingbox_warmup.seed_volume --image $(IMAGE)
 
 bake: ## an image with a seeded cache entry inside (FROM_VOLUME=... or FROM_DIR=...)
-	$(PYTHON) -m turingbox.build.bake --image $(IMAGE) $(if $(FROM_VOLUME),--from-volume $(FROM_VOLUME)) $(if $(FROM_DIR),--from-dir $(FROM_DIR)) $(if $(GPUS_JSON),--gpus-json $(GPUS_JSON))
+	$(PYTHON) -m turingbox_warmup.bake --image $(IMAGE) $(if $(FROM_VOLUME),--from-volume $(FROM_VOLUME)) $(if $(FROM_DIR),--from-dir $(FROM_DIR)) $(if $(GPUS_JSON),--gpus-json $(GPUS_JSON))
 
 bench-decode: ## decode tok/s against a running server (URL=http://localhost:8000)
 	$(PYTHON) -m turingbox bench decode --url $${URL:-http://localhost:8000} --json

@@ -343,12 +343,12 @@ _CACHE = (  # the compile cache (serve, warmup, cache show/verify/seed)
     Setting("baked_cache_dir", "read-only cache root baked into the image, consulted before the cache volume"),
     Setting("cache_lock_wait", "seconds to wait for another process's writer lock on the same entry before "
             "using a private copy", positive_float, 20.0),
-    Setting("aot_triton_dir", "Triton cache compiled ahead of time at image build (python -m turingbox.build.aot), "
-            "copied into the triton/ folder of every new cache entry"),
+    Setting("aot_triton_dir", "Triton cache compiled ahead of time at image build (python -m "
+            "turingbox_warmup.image.triton_aot), copied into the triton/ folder of every new cache entry"),
     Setting("aot_flashinfer_dir", "FlashInfer modules built ahead of time at image build (python -m "
-            "turingbox.build.flashinfer_aot), copied into the flashinfer/ folder of every new cache entry"),
+            "turingbox_warmup.image.flashinfer_aot), copied into the flashinfer/ folder of every new cache entry"),
     Setting("aot_modelinfos_dir", "vLLM's model-class facts computed at image build (python -m "
-            "turingbox.build.modelinfos), copied into the vllm/ folder of every new cache entry"),
+            "turingbox_warmup.image.modelinfos), copied into the vllm/ folder of every new cache entry"),
 )
 
 _WARMUP = (  # turingbox warmup / cache seed

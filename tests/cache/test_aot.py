@@ -15,7 +15,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 
-from turingbox.build import aot  # noqa: E402
+from turingbox_warmup.image import triton_aot  # noqa: E402
 from aot_kernels import scale_copy_kernel  # noqa: E402
 
 
@@ -23,7 +23,7 @@ class StubCudaDriver:
     """Reports one device of the given arch; everything the launch path asks before launching."""
 
     def __init__(self, arch):
-        self.target = aot.gpu_target(arch)
+        self.target = triton_aot.gpu_target(arch)
 
     def get_current_target(self):
         return self.target
@@ -74,9 +74,9 @@ def forbid_compiling(monkeypatch):
 
 def test_aot_kernel_is_found_by_a_real_launch_on_sm75(tmp_path, fresh_kernel, monkeypatch):
     cache_dir = str(tmp_path / "triton")
-    spec = aot.record_from_args(fresh_kernel, launch_args(), arch="7.5", BLOCK=256, num_warps=4)
+    spec = triton_aot.record_from_args(fresh_kernel, launch_args(), arch="7.5", BLOCK=256, num_warps=4)
     assert spec.attrs  # the aligned pointers and n=4096 carry tt.divisibility=16
-    built = aot.compile_aot(fresh_kernel, spec, "7.5", cache_dir)
+    built = triton_aot.compile_aot(fresh_kernel, spec, "7.5", cache_dir)
     assert built["hash"] == built["expected_hash"] and os.path.isdir(built["path"])
     before = all_files(cache_dir)
     forbid_compiling(monkeypatch)
@@ -88,10 +88,10 @@ def test_aot_kernel_is_found_by_a_real_launch_on_sm75(tmp_path, fresh_kernel, mo
 
 def test_every_target_arch_gets_its_own_entry_and_a_replayed_capture_matches(tmp_path, fresh_kernel, monkeypatch):
     cache_dir = str(tmp_path / "triton")
-    spec = aot.record_from_args(fresh_kernel, launch_args(), arch="9.0", BLOCK=256, num_warps=4)
+    spec = triton_aot.record_from_args(fresh_kernel, launch_args(), arch="9.0", BLOCK=256, num_warps=4)
     # Round trip through the JSON format the GPU capture hook writes (Triton's own serialization).
-    replayed = aot.record_from_json(spec.to_json(fresh_kernel))
-    hashes = {arch: aot.compile_aot(fresh_kernel, replayed, arch, cache_dir)["hash"] for arch in ("7.5", "8.6")}
+    replayed = triton_aot.record_from_json(spec.to_json(fresh_kernel))
+    hashes = {arch: triton_aot.compile_aot(fresh_kernel, replayed, arch, cache_dir)["hash"] for arch in ("7.5", "8.6")}
     assert len(set(hashes.values())) == 2
     forbid_compiling(monkeypatch)
     kernel = launch_warmup(fresh_kernel, "8.6", cache_dir, monkeypatch, launch_args())
@@ -101,22 +101,22 @@ def test_every_target_arch_gets_its_own_entry_and_a_replayed_capture_matches(tmp
 def test_a_launch_with_another_specialization_misses(tmp_path, fresh_kernel, monkeypatch):
     """Sensitivity: n not divisible by 16 is a different kernel, so the AOT set must include it."""
     cache_dir = str(tmp_path / "triton")
-    spec = aot.record_from_args(fresh_kernel, launch_args(4096), arch="7.5", BLOCK=256, num_warps=4)
-    aot.compile_aot(fresh_kernel, spec, "7.5", cache_dir)
-    odd = aot.record_from_args(fresh_kernel, launch_args(4095), arch="7.5", BLOCK=256, num_warps=4)
-    assert aot.cache_hash(fresh_kernel, odd, "7.5") != aot.cache_hash(fresh_kernel, spec, "7.5")
+    spec = triton_aot.record_from_args(fresh_kernel, launch_args(4096), arch="7.5", BLOCK=256, num_warps=4)
+    triton_aot.compile_aot(fresh_kernel, spec, "7.5", cache_dir)
+    odd = triton_aot.record_from_args(fresh_kernel, launch_args(4095), arch="7.5", BLOCK=256, num_warps=4)
+    assert triton_aot.cache_hash(fresh_kernel, odd, "7.5") != triton_aot.cache_hash(fresh_kernel, spec, "7.5")
     forbid_compiling(monkeypatch)
     with pytest.raises(AssertionError, match="compiled the kernel"):
         launch_warmup(fresh_kernel, "7.5", cache_dir, monkeypatch, launch_args(4095))
 
 
 def test_cli_compiles_captured_specs_for_several_archs(tmp_path, fresh_kernel):
-    spec = aot.record_from_args(fresh_kernel, launch_args(), arch="7.5", BLOCK=256, num_warps=4)
+    spec = triton_aot.record_from_args(fresh_kernel, launch_args(), arch="7.5", BLOCK=256, num_warps=4)
     specs = tmp_path / "specs.jsonl"
     specs.write_text(json.dumps({"kernel": "aot_kernels:scale_copy_kernel",
                                  "specialization": json.loads(spec.to_json(fresh_kernel))}) + "\n")
     import subprocess, sys
-    r = subprocess.run([sys.executable, "-m", "turingbox.build.aot", "--specs", str(specs), "--arch", "7.5,8.0",
+    r = subprocess.run([sys.executable, "-m", "turingbox_warmup.image.triton_aot", "--specs", str(specs), "--arch", "7.5,8.0",
                         "--cache-dir", str(tmp_path / "c")], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")})
     assert r.returncode == 0, r.stderr
@@ -127,7 +127,7 @@ def test_cli_compiles_captured_specs_for_several_archs(tmp_path, fresh_kernel):
     assert host == {"host_modules": {"launchers": 1, "built": 2}}  # one launcher for both archs, plus cuda_utils
     sos = [f for f in all_files(str(tmp_path / "c")) if f.endswith(".so")]
     assert sorted(f.split(os.sep)[-1].split(".")[0] for f in sos) == ["__triton_launcher", "cuda_utils"]
-    bad = subprocess.run([sys.executable, "-m", "turingbox.build.aot", "--specs", str(tmp_path / "none"),
+    bad = subprocess.run([sys.executable, "-m", "turingbox_warmup.image.triton_aot", "--specs", str(tmp_path / "none"),
                           "--cache-dir", str(tmp_path / "c")], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "bad input" in bad.stderr
 
@@ -136,12 +136,12 @@ def test_a_launch_captured_by_the_hook_replays_to_the_same_kernel(tmp_path, fres
     """The GPU-side capture (Triton's real post-compile hook call) -> JSON line -> AOT compile elsewhere."""
     from triton import knobs
     records = str(tmp_path / "records.jsonl")
-    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", aot.capture_hook(records))
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", triton_aot.capture_hook(records))
     launched = launch_warmup(fresh_kernel, "9.0", str(tmp_path / "gpu-run-cache"), monkeypatch, launch_args())
     monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
-    [rec] = aot.load_specs(records)
+    [rec] = triton_aot.load_specs(records)
     assert rec["kernel"] == "aot_kernels:scale_copy_kernel"
-    rebuilt = aot.compile_aot(aot.resolve_kernel(rec["kernel"]), aot.record_from_json(rec["specialization"]), "9.0",
+    rebuilt = triton_aot.compile_aot(triton_aot.resolve_kernel(rec["kernel"]), triton_aot.record_from_json(rec["specialization"]), "9.0",
                               str(tmp_path / "aot"))
     assert rebuilt["hash"] == launched.hash
 
@@ -155,11 +155,11 @@ def test_the_launcher_and_cuda_utils_triton_would_build_come_from_the_aot_cache(
     from triton.runtime import build
 
     cache_dir = str(tmp_path / "triton")
-    spec = aot.record_from_args(fresh_kernel, launch_args(), arch="7.5", BLOCK=256, num_warps=4)
-    src, metadata = aot.compile_aot(fresh_kernel, spec, "7.5", cache_dir)["_launch"]
-    counts = aot.build_host_modules([(src, metadata), (src, metadata)], cache_dir)
+    spec = triton_aot.record_from_args(fresh_kernel, launch_args(), arch="7.5", BLOCK=256, num_warps=4)
+    src, metadata = triton_aot.compile_aot(fresh_kernel, spec, "7.5", cache_dir)["_launch"]
+    counts = triton_aot.build_host_modules([(src, metadata), (src, metadata)], cache_dir)
     assert counts == {"launchers": 1, "built": 2}
-    assert aot.build_host_modules([(src, metadata)], cache_dir)["built"] == 0  # already there: nothing rebuilt
+    assert triton_aot.build_host_modules([(src, metadata)], cache_dir)["built"] == 0  # already there: nothing rebuilt
 
     loaded = []
 

@@ -1,4 +1,4 @@
-"""The shipped AOT specializations (turingbox/build/aot_specs/*.jsonl) compile for sm_75 without a GPU
+"""The shipped AOT specializations (turingbox_warmup/image/aot_specs/*.jsonl) compile for sm_75 without a GPU
 and are exactly what vLLM 0.21's launch sites look up.
 
 vLLM is not installed here, but its kernels are plain `@triton.jit` functions: they are loaded from
@@ -20,13 +20,13 @@ triton = pytest.importorskip("triton")
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 
-from turingbox.build import aot  # noqa: E402
+from turingbox_warmup.image import triton_aot  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-DERIVE = os.path.join(os.path.dirname(aot.__file__), "aot_specs", "derive.py")
+DERIVE = os.path.join(os.path.dirname(triton_aot.__file__), "aot_specs", "derive.py")
 FIXTURE_GPUS = os.path.join(REPO, "tests", "fixtures", "gpus")
 BITMASK_KERNEL = "apply_token_bitmask_inplace_kernel"
-XGRAMMAR_SPECS = os.path.join(os.path.dirname(aot.__file__), "aot_specs", "xgrammar.jsonl")
+XGRAMMAR_SPECS = os.path.join(os.path.dirname(triton_aot.__file__), "aot_specs", "xgrammar.jsonl")
 # Streaming multiprocessors per GPU model (NVIDIA's specifications): xgrammar's NUM_SMS constexpr.
 GPU_SMS = {"NVIDIA GeForce RTX 2080 Ti": 68, "NVIDIA H200": 132}
 VLLM_KERNELS = {"_zero_kv_blocks_kernel", "_compute_slot_mapping_kernel", "eagle_prepare_next_token_padded_kernel",
@@ -54,9 +54,9 @@ WITHOUT_XGRAMMAR = "import runpy, sys; sys.modules['xgrammar'] = None; "
 
 
 def shipped() -> list[dict]:
-    paths = aot.packaged_specs()
+    paths = triton_aot.packaged_specs()
     assert {os.path.basename(p) for p in paths} >= set(SHIPPED_FILES)
-    return [rec for p in paths for rec in aot.load_specs(p)]
+    return [rec for p in paths for rec in triton_aot.load_specs(p)]
 
 
 def bitmask_records() -> list[dict]:
@@ -64,7 +64,7 @@ def bitmask_records() -> list[dict]:
 
 
 def kernel(rec):
-    return aot.resolve_kernel(rec["kernel"], {"vllm": VLLM_SRC})
+    return triton_aot.resolve_kernel(rec["kernel"], {"vllm": VLLM_SRC})
 
 
 def test_shipped_specs_cover_every_cold_kernel_with_its_variants():
@@ -84,7 +84,7 @@ def test_shipped_specs_cover_every_cold_kernel_with_its_variants():
         (logits, indices, rows) for logits in ("*fp16", "*bf16") for indices in ("constexpr", "*i32")
         for rows in ("constexpr", "i32")}
     # Every record is for one of the documented plans (or the plugin), no duplicates.
-    idents = [json.dumps(aot.record_identity(r), sort_keys=True) for r in recs]
+    idents = [json.dumps(triton_aot.record_identity(r), sort_keys=True) for r in recs]
     assert len(idents) == len(set(idents))
 
 
@@ -93,10 +93,10 @@ def test_every_shipped_record_compiles_for_sm75_into_its_launch_key(tmp_path):
     """Each record -> triton.compile for sm_75 (no GPU), landing under the hash the launcher computes."""
     cache = str(tmp_path / "triton")
     for rec in shipped():
-        if aot.absent_optional_package(rec["kernel"]):
+        if triton_aot.absent_optional_package(rec["kernel"]):
             continue  # xgrammar absent: its records cannot load (the AOT CLI skips them too)
         fn = kernel(rec)
-        built = aot.compile_aot(fn, aot.record_from_json(rec["specialization"]), "7.5", cache)
+        built = triton_aot.compile_aot(fn, triton_aot.record_from_json(rec["specialization"]), "7.5", cache)
         assert built["hash"] == built["expected_hash"], rec["kernel"]
         assert os.path.isfile(os.path.join(built["path"], f"{fn.__name__}.cubin")), rec["kernel"]
 
@@ -110,7 +110,7 @@ def test_shipped_files_are_what_derive_produces_now(tmp_path):
     names = SHIPPED_FILES if derive.xgrammar_available() else SHIPPED_FILES[:2]
     for name in names:
         fresh = (tmp_path / name).read_text()
-        with open(os.path.join(os.path.dirname(aot.__file__), "aot_specs", name)) as f:
+        with open(os.path.join(os.path.dirname(triton_aot.__file__), "aot_specs", name)) as f:
             assert f.read() == fresh, f"{name} is stale: run {DERIVE}"
 
 
@@ -159,7 +159,7 @@ def test_kv_layout_follows_vllm_arithmetic_on_the_seed_machine():
 
 class StubCudaDriver:
     def __init__(self, arch):
-        self.target = aot.gpu_target(arch)
+        self.target = triton_aot.gpu_target(arch)
 
     def get_current_target(self):
         return self.target
@@ -180,7 +180,7 @@ def all_files(d):
 
 def bake_sm75(tmp_path) -> str:
     cache = str(tmp_path / "baked")
-    r = subprocess.run([sys.executable, "-m", "turingbox.build.aot", "--arch", "7.5", "--out", cache,
+    r = subprocess.run([sys.executable, "-m", "turingbox_warmup.image.triton_aot", "--arch", "7.5", "--out", cache,
                         "--source", f"vllm={VLLM_SRC}"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return cache
@@ -236,7 +236,7 @@ def test_vllm_launches_on_sm75_load_the_baked_kernels_without_compiling(tmp_path
     driver.set_active(StubCudaDriver("7.5"))
     try:
         for qualname, (args, kwargs) in LAUNCHES:
-            fn = aot.resolve_kernel(qualname, {"vllm": VLLM_SRC})
+            fn = triton_aot.resolve_kernel(qualname, {"vllm": VLLM_SRC})
             fn.device_caches.clear()
             compiled = fn.warmup(*args, grid=(1,), **kwargs)
             assert compiled.metadata.target.arch == 75, qualname
@@ -257,7 +257,7 @@ def test_a_launch_outside_the_shipped_set_would_compile(tmp_path, monkeypatch):
     monkeypatch.setattr(CUDABackend, "add_stages", refuse)
     monkeypatch.setenv("TRITON_CACHE_DIR", cache)
     driver.set_active(StubCudaDriver("7.5"))
-    fn = aot.resolve_kernel("vllm.v1.sample.rejection_sampler:rejection_greedy_sample_kernel", {"vllm": VLLM_SRC})
+    fn = triton_aot.resolve_kernel("vllm.v1.sample.rejection_sampler:rejection_greedy_sample_kernel", {"vllm": VLLM_SRC})
     fn.device_caches.clear()
     try:
         with pytest.raises(AssertionError, match="compiled"):
@@ -274,14 +274,14 @@ def test_diff_records_reports_uncovered_captures():
     captured[0]["kernel"] = "vllm.v1.sample.rejection_sampler:rejection_greedy_sample_kernel"
     # A GPU capture carries every parsed option; defaults equal to an unset launch option are the same kernel.
     captured[0]["specialization"]["options"].update(num_warps=4, num_stages=3, arch="sm90", ptx_version=None)
-    assert aot.diff_records(captured, recs)["missing_from_shipped"] == []
+    assert triton_aot.diff_records(captured, recs)["missing_from_shipped"] == []
     captured[0]["specialization"]["attrs_vals"][0] = []   # an unaligned pointer: a different kernel
-    diff = aot.diff_records(captured, recs, kernels={"rejection_greedy_sample_kernel"})
+    diff = triton_aot.diff_records(captured, recs, kernels={"rejection_greedy_sample_kernel"})
     assert len(diff["missing_from_shipped"]) == 1 and diff["shipped"] == len(greedy)
 
 
 def test_cli_rejects_a_bad_source_mapping(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "turingbox.build.aot", "--out", str(tmp_path / "c"),
+    r = subprocess.run([sys.executable, "-m", "turingbox_warmup.image.triton_aot", "--out", str(tmp_path / "c"),
                         "--source", "vllm"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--source" in r.stderr and "Traceback" not in r.stderr
 
@@ -290,7 +290,7 @@ def test_a_kernel_loaded_from_source_has_the_imported_kernels_cache_key():
     """What lets the GPU-less image build (where vLLM's triton.jit is a placeholder) bake vLLM's kernels:
     the source-loaded JITFunction hashes exactly like the one the runtime imports."""
     from turingbox_plugin import kernels
-    loaded = aot.load_kernel_from_source(kernels.__file__, "scaled_copy_kernel", kernels.__name__)
+    loaded = triton_aot.load_kernel_from_source(kernels.__file__, "scaled_copy_kernel", kernels.__name__)
     assert loaded is not kernels.scaled_copy_kernel
     assert loaded.cache_key == kernels.scaled_copy_kernel.cache_key
     assert loaded.starting_line_number == kernels.scaled_copy_kernel.starting_line_number
@@ -306,7 +306,7 @@ def xgrammar_launches(monkeypatch):
     from xgrammar.kernels import apply_token_bitmask_inplace_triton as xtriton
 
     launched: list[tuple[list, dict]] = []
-    kernel = aot.resolve_kernel(derive.BITMASK_KERNEL)   # the imported JITFunction, before it is replaced
+    kernel = triton_aot.resolve_kernel(derive.BITMASK_KERNEL)   # the imported JITFunction, before it is replaced
     assert kernel is xtriton.apply_token_bitmask_inplace_kernel
 
     class Recorder:
@@ -355,10 +355,10 @@ def test_bitmask_specs_are_every_launch_a_grammar_step_of_the_plan_makes(xgramma
     reached = set()
     for structured_rows, unstructured_rows in steps:
         args, options = xgrammar_launches(plan.sm_count, *grammar_step(plan, structured_rows, unstructured_rows))
-        spec = aot.record_from_args(fn, args, **options)
+        spec = triton_aot.record_from_args(fn, args, **options)
         rec = {"kernel": derive.BITMASK_KERNEL, "specialization": json.loads(spec.to_json(fn))}
-        reached.add(json.dumps(aot.record_identity(rec), sort_keys=True))
-    shipped_for_plan = {json.dumps(aot.record_identity(r), sort_keys=True) for r in bitmask_records()
+        reached.add(json.dumps(triton_aot.record_identity(rec), sort_keys=True))
+    shipped_for_plan = {json.dumps(triton_aot.record_identity(r), sort_keys=True) for r in bitmask_records()
                         if plan_name in r["plans"]}
     assert reached == shipped_for_plan
 
@@ -366,7 +366,7 @@ def test_bitmask_specs_are_every_launch_a_grammar_step_of_the_plan_makes(xgramma
 def test_bitmask_header_documents_the_logits_each_plan_passes():
     with open(XGRAMMAR_SPECS) as f:
         header = json.loads(f.readline())
-    assert "kernel" not in header  # a "kernel" key would make aot.load_specs read it as a record
+    assert "kernel" not in header  # a "kernel" key would make triton_aot.load_specs read it as a record
     assert header["kernel_qualname"] == derive.BITMASK_KERNEL
     for plan in derive.PLANS:
         doc = header["plans"][plan.name]
@@ -380,7 +380,7 @@ def test_bitmask_kernel_cache_key_is_its_source_and_first_line_only(tmp_path):
     are byte-identical: Triton 3.6's JITFunction.cache_key hashes the kernel's source text and first line
     number (plus called jit functions and constexpr globals: none here), not its module, path or package."""
     import importlib.util
-    fn = aot.resolve_kernel(derive.BITMASK_KERNEL)
+    fn = triton_aot.resolve_kernel(derive.BITMASK_KERNEL)
     with open(XGRAMMAR_SPECS) as f:
         assert json.loads(f.readline())["kernel_cache_key"] == fn.cache_key
 
@@ -402,11 +402,11 @@ def test_bitmask_kernel_cache_key_is_its_source_and_first_line_only(tmp_path):
 @needs_xgrammar
 def test_grammar_bitmask_launches_on_sm75_load_the_baked_kernels_without_compiling(tmp_path, monkeypatch,
                                                                                      xgrammar_launches):
-    """`python -m turingbox.build.aot --specs xgrammar.jsonl --arch 7.5` (no GPU), then Triton's real launch
+    """`python -m turingbox_warmup.image.triton_aot --specs xgrammar.jsonl --arch 7.5` (no GPU), then Triton's real launch
     path on a stub sm_75 device with the arguments xgrammar's wrapper builds: every batch shape loads from
     the baked cache. A GPU with another SM count (RTX 2080: 46) would compile its own variant."""
     cache = str(tmp_path / "baked")
-    r = subprocess.run([sys.executable, "-m", "turingbox.build.aot", "--specs", XGRAMMAR_SPECS, "--arch", "7.5",
+    r = subprocess.run([sys.executable, "-m", "turingbox_warmup.image.triton_aot", "--specs", XGRAMMAR_SPECS, "--arch", "7.5",
                         "--cache-dir", cache], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rows = [json.loads(line) for line in r.stdout.splitlines()]
@@ -440,11 +440,11 @@ def test_grammar_bitmask_launches_on_sm75_load_the_baked_kernels_without_compili
 
 def test_aot_without_xgrammar_skips_its_records_in_one_line(tmp_path):
     cache = tmp_path / "c"
-    r = subprocess.run([sys.executable, "-c", WITHOUT_XGRAMMAR + "runpy.run_module('turingbox.build.aot', "
+    r = subprocess.run([sys.executable, "-c", WITHOUT_XGRAMMAR + "runpy.run_module('turingbox_warmup.image.triton_aot', "
                         "run_name='__main__')", "--specs", XGRAMMAR_SPECS, "--arch", "7.5", "--cache-dir", str(cache)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    n = len(aot.load_specs(XGRAMMAR_SPECS))
+    n = len(triton_aot.load_specs(XGRAMMAR_SPECS))
     assert n >= 1
     assert r.stderr.strip() == (f"aot: skipped {n} specialization(s) of xgrammar (grammar requests' bitmask "
                                 "kernel): xgrammar is not installed here, so nothing of it was compiled.")

@@ -6,7 +6,7 @@ import tarfile
 
 import pytest
 
-from turingbox.build import bake
+from turingbox_warmup import bake
 from turingbox.cache import store
 from conftest import make_plan
 from test_session import seed

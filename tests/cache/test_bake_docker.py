@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from turingbox.build import bake
+from turingbox_warmup import bake
 from turingbox.cache import store
 
 pytestmark = pytest.mark.docker
@@ -98,7 +98,7 @@ def seed_entry(plan, root, complete=True):
 
 
 def run_bake(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "turingbox.build.bake", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "turingbox_warmup.bake", *args], capture_output=True, text=True,
                           timeout=300, env={**os.environ, **(env or {})})
 
 

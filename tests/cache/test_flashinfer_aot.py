@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from turingbox.build import flashinfer_aot as fa
+from turingbox_warmup.image import flashinfer_aot as fa
 
 FI_SRC = fa.default_flashinfer_src()
 HAVE_FI = bool(FI_SRC) and os.path.isfile(os.path.join(FI_SRC, "jit", "core.py"))
@@ -89,7 +89,7 @@ def test_install_cli(tmp_path):
     rec = sm75_prefill()
     aot = tmp_path / "aot"
     fa.export_module(fake_build(tmp_path, rec), str(aot), rec, {})
-    r = subprocess.run([sys.executable, "-m", "turingbox.build.flashinfer_aot", "install", "--from", str(aot),
+    r = subprocess.run([sys.executable, "-m", "turingbox_warmup.image.flashinfer_aot", "install", "--from", str(aot),
                         "--workspace-base", str(tmp_path / "ws")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["installed"] == 1
@@ -248,7 +248,7 @@ def test_make_bake_ships_flashinfers_jit_modules_relocatable(tmp_path):
     import io
     import tarfile
 
-    from turingbox.build import bake
+    from turingbox_warmup import bake
     rec = sm75_prefill()
     entry = tmp_path / "seed-host" / "entries" / "k"
     mod = fa.module_dir(str(entry / "flashinfer"), "75", rec["uri"])

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from turingbox.build import flashinfer_aot as fa
+from turingbox_warmup.image import flashinfer_aot as fa
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "gpus")
@@ -58,7 +58,7 @@ def test_shipped_file_equals_a_fresh_derivation_from_both_sources(tmp_path):
     fresh = fa.derive(VLLM_SRC, FI_SRC, FIXTURES)
     with open(fa.SPEC_FILE, encoding="utf-8") as f:
         ship = [json.loads(line) for line in f if line.strip()]
-    assert fresh[0] == ship[0], "vLLM/FlashInfer source or the plans drifted: python -m turingbox.build.flashinfer_aot derive"
+    assert fresh[0] == ship[0], "vLLM/FlashInfer source or the plans drifted: python -m turingbox_warmup.image.flashinfer_aot derive"
     assert fresh[1:] == ship[1:]
 
 

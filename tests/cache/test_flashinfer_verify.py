@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from turingbox.build import flashinfer_aot as fa
+from turingbox_warmup.image import flashinfer_aot as fa
 
 from test_flashinfer_aot import CUDA_HOME, FI_SRC, HAVE_FI, need, patched_flashinfer  # noqa: E402
 
@@ -27,7 +27,7 @@ def registered() -> set[str]:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    want = {"turingbox.build.flashinfer_aot:verify_rows", "turingbox.build.aot:verify_rows"}
+    want = {"turingbox_warmup.image.flashinfer_aot:verify_rows", "turingbox_warmup.image.triton_aot:verify_rows"}
     if not want <= registered():
         pytest.skip("pyproject.toml does not register the turingbox_plugin.compile_reports entry points yet "
                     f"({sorted(want - registered())}); then reinstall (make dev)")

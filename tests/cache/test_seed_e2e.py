@@ -16,7 +16,7 @@ import pytest
 
 import turingbox
 from turingbox.cache import store
-from turingbox.serve.warmup_command import RESULT_PREFIX, STAGE_PREFIX, STAGES
+from turingbox.cache.seed_protocol import RESULT_PREFIX, STAGE_PREFIX, STAGES
 from conftest import turingbox_temporaries
 
 HERE = os.path.dirname(os.path.abspath(__file__))

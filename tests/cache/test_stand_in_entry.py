@@ -19,7 +19,7 @@ import pytest
 
 import turingbox
 from turingbox.cache import store
-from turingbox.serve.warmup_command import RESULT_PREFIX, STAGE_PREFIX
+from turingbox.cache.seed_protocol import RESULT_PREFIX, STAGE_PREFIX
 from conftest import make_plan
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -11,9 +11,9 @@ exec 9>/tmp/bootstrap.lock; flock 9
 if [ ! -d /tmp/site/vllm ]; then bash .device-wheels/install.sh; fi
 # The project itself, reinstalled only when its sources changed: a second lane re-running pip would replace
 # files under /tmp/site while the first lane's servers still import from them.
-# (plugin/build and ./build are pip's build trees; entrypoint/turingbox/build is source)
-src_sum=$(find plugin entrypoint pyproject.toml -type f -not -path '*/__pycache__/*' -not -path '*.egg-info/*' \
-  \( -path 'entrypoint/turingbox/build/*' -o -not -path '*/build/*' \) -not -name '*.pyc' -not -name '*.so' -print0 2>/dev/null \
+# (plugin/build and ./build are pip's build trees)
+src_sum=$(find plugin entrypoint warmup pyproject.toml -type f -not -path '*/__pycache__/*' -not -path '*.egg-info/*' \
+  -not -path '*/build/*' -not -name '*.pyc' -not -name '*.so' -print0 2>/dev/null \
   | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
 if [ "$(cat /tmp/site/.turingbox-src.sha256 2>/dev/null)" != "$src_sum" ]; then
   python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site ./plugin . \

@@ -6,9 +6,9 @@
 Four fresh processes, the same kernel launches in each (the plugin's `scaled_copy_kernel`,
 vLLM 0.21's `rejection_greedy_sample_kernel` -- the greedy variant DESIGN lists as first-request
 JIT -- and xgrammar's `apply_token_bitmask_inplace_kernel` of grammar requests, in several specializations):
-  1. capture: empty TRITON_CACHE_DIR, `turingbox.build.aot.capture_hook` records every launch's
+  1. capture: empty TRITON_CACHE_DIR, `turingbox_warmup.image.triton_aot.capture_hook` records every launch's
      specialization (Triton's own serialization) as JSON lines;
-  2. bake:    `python -m turingbox.build.aot --specs records --arch <this GPU> --cache-dir AOT`
+  2. bake:    `python -m turingbox_warmup.image.triton_aot --specs records --arch <this GPU> --cache-dir AOT`
      recompiles the records into a fresh directory, no GPU involved (what the image build does);
   3. load:    TRITON_CACHE_DIR=AOT, a post-compile hook counting kernel loads and a counter on the
      CUDA backend's compile stages (entered only when Triton really compiles); the AOT
@@ -18,7 +18,7 @@ Prints one JSON object (also $OUT/cache_aot_check.json); "ok" is true when the l
 compiled nothing, loaded every kernel from the AOT directory and wrote nothing there (the bake also
 builds the C launchers and cuda_utils that Triton would otherwise build with gcc at first launch).
 
-It then diffs the captured records against the ones the image ships (turingbox/build/aot_specs/
+It then diffs the captured records against the ones the image ships (turingbox_warmup/image/aot_specs/
 *.jsonl, derived from vLLM's source, not captured): "shipped_diff" lists captured specializations
 no shipped record covers ("missing_from_shipped": these would JIT at run time in the image).
 
@@ -105,7 +105,7 @@ def child(mode: str, records: str) -> dict:
     import triton
     from triton import knobs
     from triton.backends.nvidia.compiler import CUDABackend
-    from turingbox.build import aot
+    from turingbox_warmup.image import triton_aot
 
     events: list[str] = []
     compiles = {"n": 0}
@@ -115,7 +115,7 @@ def child(mode: str, records: str) -> dict:
         compiles["n"] += 1
         return add_stages(self, *a, **k)
     CUDABackend.add_stages = counting_add_stages
-    capture = aot.capture_hook(records) if mode == "capture" else None
+    capture = triton_aot.capture_hook(records) if mode == "capture" else None
 
     def hook(**kw):
         events.append(f"{kw['fn'].module}:{kw['fn'].name}")
@@ -137,7 +137,8 @@ def child(mode: str, records: str) -> dict:
 
 def run_child(mode: str, cache_dir: str, records: str) -> dict:
     env = {**os.environ, "TRITON_CACHE_DIR": cache_dir, "PYTHONPATH": os.pathsep.join(
-        p for p in (os.environ.get("PYTHONPATH"), os.path.join(REPO, "plugin"), os.path.join(REPO, "entrypoint")) if p)}
+        p for p in (os.environ.get("PYTHONPATH"), os.path.join(REPO, "plugin"), os.path.join(REPO, "entrypoint"),
+                    os.path.join(REPO, "warmup")) if p)}
     r = subprocess.run([sys.executable, __file__, "--child", mode, records], env=env, capture_output=True,
                        text=True, timeout=300)
     lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
@@ -155,9 +156,9 @@ VLLM_KERNELS = {"_zero_kv_blocks_kernel", "_compute_slot_mapping_kernel", "eagle
 
 def shipped_diff(records_path: str, kernels: set[str]) -> dict:
     """Captured specializations vs the shipped aot_specs, for `kernels`; prints the mismatches."""
-    from turingbox.build import aot
-    shipped = [rec for path in aot.packaged_specs() for rec in aot.load_specs(path)]
-    diff = aot.diff_records(aot.load_specs(records_path), shipped, kernels)
+    from turingbox_warmup.image import triton_aot
+    shipped = [rec for path in triton_aot.packaged_specs() for rec in triton_aot.load_specs(path)]
+    diff = triton_aot.diff_records(triton_aot.load_specs(records_path), shipped, kernels)
     for ident in diff["missing_from_shipped"]:
         print("NOT SHIPPED (would JIT in the image):", json.dumps(ident), file=sys.stderr)
     diff["covered"] = len(diff["covered"])
@@ -168,8 +169,8 @@ SITECUSTOMIZE = """
 import os
 try:
     from triton import knobs
-    from turingbox.build import aot
-    knobs.runtime.jit_post_compile_hook = aot.capture_hook(
+    from turingbox_warmup.image import triton_aot
+    knobs.runtime.jit_post_compile_hook = triton_aot.capture_hook(
         os.path.join(os.environ["TURINGBOX_CAPTURE_DIR"], "records-%d.jsonl" % os.getpid()))
 except Exception as exc:  # never break the process being observed
     print("capture hook not installed:", exc)
@@ -183,7 +184,7 @@ def engine_capture(work: str, out_dir: str, arch: str) -> dict:
     import socket
     import threading
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (os.path.join(REPO, "entrypoint"), os.path.join(REPO, "plugin"),
+        p for p in (os.path.join(REPO, "entrypoint"), os.path.join(REPO, "warmup"), os.path.join(REPO, "plugin"),
                     os.environ.get("PYTHONPATH")) if p)}
     plan_run = subprocess.run([sys.executable, "-m", "turingbox", "plan", "--json"], env=env, capture_output=True,
                               text=True, timeout=300)
@@ -275,7 +276,7 @@ def main() -> int:
     n_records = sum(1 for _ in open(records)) if os.path.exists(records) else 0
     res["records"] = n_records
     aot_dir = os.path.join(work, "aot-cache")
-    bake = subprocess.run([sys.executable, "-m", "turingbox.build.aot", "--specs", records, "--arch", arch,
+    bake = subprocess.run([sys.executable, "-m", "turingbox_warmup.image.triton_aot", "--specs", records, "--arch", arch,
                            "--cache-dir", aot_dir], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TRITON_CACHE_DIR": os.path.join(work, "unused")})
     rows = [json.loads(l) for l in bake.stdout.splitlines() if l.startswith("{")]
@@ -296,7 +297,7 @@ def main() -> int:
         res["engine"] = engine_capture(work, out_dir, arch)
     res["seconds"] = round(time.perf_counter() - t0, 1)
     os.makedirs(out_dir, exist_ok=True)
-    if n_records:   # commit as entrypoint/turingbox/build/aot_specs/*.jsonl to bake these kernels into the image
+    if n_records:   # commit as warmup/turingbox_warmup/image/aot_specs/*.jsonl to bake these kernels into the image
         shutil.copy(records, os.path.join(out_dir, f"aot_specs-sm{arch.replace('.', '')}.jsonl"))
     with open(os.path.join(out_dir, "cache_aot_check.json"), "w") as f:
         json.dump(res, f, indent=1)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU machine (H200, sm_90; vLLM 0.21 with its FlashInfer 0.6.8.post1; nvcc 13 on PATH or in /usr/local/cuda).
 #   OUT=/tmp/out bash tests/gpu/flashinfer_baked_check.sh            (about 10-15 min; sources bootstrap.sh)
-# Issue 20: FlashInfer's JIT modules baked ahead of time (turingbox.build.flashinfer_aot) mean a start invokes
+# Issue 20: FlashInfer's JIT modules baked ahead of time (turingbox_warmup.image.flashinfer_aot) mean a start invokes
 # nvcc zero times. Plan: the 4-layer demo with TURINGBOX_ATTENTION_BACKEND=FLASHINFER TURINGBOX_DTYPE=bfloat16.
 #   1. `flashinfer_aot build --plan-json` builds that plan's modules (sm_90a: the fa2 bf16/e4m3 batch prefill
 #      and the sampler) with FlashInfer's own JitSpec.build() into a fresh directory, with the real nvcc;
@@ -40,18 +40,18 @@ export TURINGBOX_MODEL=/tmp/demo4 TURINGBOX_ATTENTION_BACKEND=FLASHINFER TURINGB
 export TURINGBOX_PORT=$PORT TURINGBOX_SERVED_MODEL_NAME=demo4
 
 python3 -m turingbox plan --json > "$W/plan.json" || { echo "plan failed" >&2; exit 1; }
-python3 -m turingbox.build.flashinfer_aot list --plan-json "$W/plan.json" > "$OUT/fi-modules.jsonl"
+python3 -m turingbox_warmup.image.flashinfer_aot list --plan-json "$W/plan.json" > "$OUT/fi-modules.jsonl"
 build_start=$(date +%s.%N)
-CUDA_HOME=$real_home python3 -m turingbox.build.flashinfer_aot build --plan-json "$W/plan.json" --out "$W/aot" \
+CUDA_HOME=$real_home python3 -m turingbox_warmup.image.flashinfer_aot build --plan-json "$W/plan.json" --out "$W/aot" \
   > "$OUT/fi-build.log" 2>&1 || { echo "flashinfer_aot build failed: see $OUT/fi-build.log" >&2; tail -5 "$OUT/fi-build.log"; }
 build_s=$(python3 -c "import time; print(round(time.time() - $build_start, 1))")
-CUDA_HOME=$real_home python3 -m turingbox.build.flashinfer_aot check --arch 9.0 --dir "$W/aot" --json \
+CUDA_HOME=$real_home python3 -m turingbox_warmup.image.flashinfer_aot check --arch 9.0 --dir "$W/aot" --json \
   > "$OUT/fi-check-sm90.json" 2>&1 || true
 
 prepare_entry() {  # prepare_entry ROOT [AOT_DIR]: the plan's entry (a resumable, incomplete one) with modules
   python3 - "$1" "${2:-}" "$W/plan.json" <<'PY'
 import json, os, sys
-from turingbox.build import flashinfer_aot
+from turingbox_warmup.image import flashinfer_aot
 from turingbox.cache import store
 root, aot, plan_path = sys.argv[1], sys.argv[2], sys.argv[3]
 plan = json.load(open(plan_path))

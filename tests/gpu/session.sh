@@ -49,10 +49,10 @@ startup_step() {
   OUT=$R/startup BENCH_GPUS=$one BENCH_WORK=/tmp/turingbox-bench \
     BENCH_ARGS="--tb-env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos --copy-logs $2" \
     timeout 600 bash bench/startup.sh "$1" >> $R/startup.txt 2>&1; }
-# The image's model infos (Dockerfile: turingbox.build.modelinfos), built once per machine: new entries start with them,
+# The image's model infos (Dockerfile: turingbox_warmup.image.modelinfos), built once per machine: new entries start with them,
 # so vLLM skips its model-class inspections (startup steps' --tb-env, soakawq's --env)
 build_modelinfos_once() {
-  [ -d /tmp/tb-modelinfos/modelinfos ] || python3 -m turingbox.build.modelinfos --out /tmp/tb-modelinfos \
+  [ -d /tmp/tb-modelinfos/modelinfos ] || python3 -m turingbox_warmup.image.modelinfos --out /tmp/tb-modelinfos \
     > $R/modelinfos.txt 2>&1; }
 for phase in "$@"; do
   echo "=== $phase start $(date +%T)"
@@ -254,7 +254,7 @@ for phase in "$@"; do
               # its memory profile counted soak64's 77 GiB, loaded meanwhile, as its own (KV -71.5 GiB): don't.
               [ -z "$SOAK_PEER" ] || bash tests/gpu/soak_gate.sh $SOAK_PEER serving $SOAK_GATE_S >> $R/soak-gates.txt 2>&1
               rm -rf /tmp/tbsoak-awq
-              # the image's model infos (Dockerfile: turingbox.build.modelinfos), which a new entry starts with: vLLM
+              # the image's model infos (Dockerfile: turingbox_warmup.image.modelinfos), which a new entry starts with: vLLM
               # then skips its two model-class inspections (session 9's cold AWQ start: 66 s before the engine)
               build_modelinfos_once
               timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo-awq --phase soakawq --gpus $one,$one \

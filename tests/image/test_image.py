@@ -120,8 +120,8 @@ print(json.dumps({'kernels': kernels, 'cubins': cubins, 'writable': os.access(ro
     found = json.loads(r.stdout)
     kernels = {int(arch): names for arch, names in found["kernels"].items()}
     assert kernels.get(75), (
-        f"no sm_75 kernels baked ({found}): the Dockerfile's `turingbox.build.aot` step compiled nothing — "
-        "are the specializations shipped in the turingbox.build package (aot_specs/*.jsonl)?")
+        f"no sm_75 kernels baked ({found}): the Dockerfile's `turingbox_warmup.image.triton_aot` step compiled nothing — "
+        "are the specializations shipped in the turingbox_warmup.image package (aot_specs/*.jsonl)?")
     for arch in (75, 80, 86, 89, 90):
         missing = BAKED_KERNELS - set(kernels.get(arch, {}))
         assert not missing, f"sm_{arch} lacks baked {sorted(missing)}"

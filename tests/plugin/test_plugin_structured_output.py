@@ -67,10 +67,10 @@ def _reachable_cases(max_num_seqs: int, k: int, vocab: int) -> dict[tuple, Bitma
 @pytest.fixture
 def triton_launch_recorder(monkeypatch):
     """xgrammar's Triton wrapper, run on CPU tensors: its kernel launch is recorded with Triton's own
-    binder (turingbox.build.aot.record_from_args) instead of compiled. Only the GPU is faked."""
+    binder (turingbox_warmup.image.triton_aot.record_from_args) instead of compiled. Only the GPU is faked."""
     xgr = pytest.importorskip("xgrammar")
     from xgrammar.kernels import apply_token_bitmask_inplace_triton as xtriton
-    from turingbox.build.aot import record_from_args
+    from turingbox_warmup.image.triton_aot import record_from_args
 
     real_kernel = xtriton.apply_token_bitmask_inplace_kernel
     records: list[str] = []

@@ -11,7 +11,7 @@ def vllm_source_root(probe: str) -> str:
     """The parent of vLLM's package directory; `probe` is a file inside the package that the test needs.
     Skips (fails under CI) when the source is absent."""
     try:
-        from turingbox.build.aot_specs.derive import default_vllm_src
+        from turingbox_warmup.image.aot_specs.derive import default_vllm_src
         src = default_vllm_src()
     except ImportError:        # the plugin's tests without the appliance: make test-setup's unpacked copy, if any
         src = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),

@@ -42,7 +42,7 @@ def test_stage_from_vllm_log_line(line, stage):
 
 def _vllm_source() -> str | None:
     """vLLM's source where the AOT derivation finds it (installed vllm, TURINGBOX_VLLM_SRC, make test-setup's copy)."""
-    from turingbox.build.aot_specs.derive import default_vllm_src
+    from turingbox_warmup.image.aot_specs.derive import default_vllm_src
     src = default_vllm_src()
     return src if os.path.isdir(src) else None
 

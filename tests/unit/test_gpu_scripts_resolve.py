@@ -86,11 +86,12 @@ def test_the_gpu_scripts_name_turingbox_code_that_exists():
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("    from turingbox.build import aot, bake\n", [("turingbox.build", "aot"), ("turingbox.build", "bake")]),
-    ("python3 -m turingbox_warmup.bake --image x", []),
+    ("    from turingbox_warmup import bake, seed_volume\n",
+     [("turingbox_warmup", "bake"), ("turingbox_warmup", "seed_volume")]),
+    ("python3 -m turingbox.build.bake --image x", []),
 ])
 def test_the_scan_reads_imports(text, expected):
     assert [(m, n.strip()) for m, names in FROM_IMPORT.findall(text) for n in names.split(",")] == expected
-    if "turingbox_warmup" in text:      # an old package name is read whole and resolves to nothing
-        assert RUN_MODULE.search(text).group(1) == "turingbox_warmup.bake"
-        assert importlib.util.find_spec("turingbox_warmup") is None
+    if "turingbox.build" in text:       # an old module name is read whole and resolves to nothing
+        assert RUN_MODULE.search(text).group(1) == "turingbox.build.bake"
+        assert importlib.util.find_spec("turingbox.build") is None

@@ -16,7 +16,7 @@ from turingbox.settings import OTHER_VARIABLES as NOT_APPLIANCE_SETTINGS   # dec
 
 
 def names_in_shipped_files() -> dict[str, set[str]]:
-    files = subprocess.run(["git", "ls-files", "entrypoint", "plugin", "Dockerfile", "compose.yaml", "deploy"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(["git", "ls-files", "entrypoint", "warmup", "plugin", "Dockerfile", "compose.yaml", "deploy"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     found: dict[str, set[str]] = {}
     for rel in files:
         if not rel.endswith((".py", ".sh", ".yaml", ".yml", "Dockerfile")) or not os.path.isfile(os.path.join(REPO, rel)):
@@ -54,12 +54,12 @@ ENVIRON_RESOLVERS = {
 }
 ENVIRON_EXCEPTIONS = {
     "entrypoint/turingbox/gpus/inventory.py": "NVIDIA_/CUDA_VISIBLE_DEVICES (container runtime, CUDA)",
-    "entrypoint/turingbox/build/aot.py": "image build: TRITON_CACHE_DIR, CC, TURINGBOX_VLLM_SRC",
-    "entrypoint/turingbox/build/aot_specs/derive.py": "image build: TURINGBOX_VLLM_SRC",
-    "entrypoint/turingbox/build/flashinfer_aot.py": "image build: CUDA/CC variables, source paths, the build env",
-    "entrypoint/turingbox/build/modelinfos.py": "image build: VLLM_CACHE_ROOT for vLLM's own model inspection",
-    "entrypoint/turingbox/build/bake.py": "host tool: forwards the host's TURINGBOX_* into the planning container",
-    "entrypoint/turingbox/build/seed_docker.py": "host tool: the volume name; forwards TURINGBOX_* into the container",
+    "warmup/turingbox_warmup/image/triton_aot.py": "image build: TRITON_CACHE_DIR, CC, TURINGBOX_VLLM_SRC",
+    "warmup/turingbox_warmup/image/aot_specs/derive.py": "image build: TURINGBOX_VLLM_SRC",
+    "warmup/turingbox_warmup/image/flashinfer_aot.py": "image build: CUDA/CC variables, source paths, the build env",
+    "warmup/turingbox_warmup/image/modelinfos.py": "image build: VLLM_CACHE_ROOT for vLLM's own model inspection",
+    "warmup/turingbox_warmup/bake.py": "host tool: forwards the host's TURINGBOX_* into the planning container",
+    "warmup/turingbox_warmup/seed_volume.py": "host tool: the volume name; forwards TURINGBOX_* into the container",
     "plugin/turingbox_plugin/__init__.py": "defaults for vLLM's/Triton's variables",
     "plugin/turingbox_plugin/autotune.py": "Triton's TRITON_CACHE_DIR around an autotune lookup",
     "plugin/turingbox_plugin/worker.py": "Triton's TRITON_CACHE_DIR",
@@ -72,7 +72,7 @@ COMMENT_REACH = 10       # lines above a read that its comment may stand (one co
 
 
 def shipped_python() -> list[str]:
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "entrypoint", "plugin"],
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "entrypoint", "warmup", "plugin"],
                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     return sorted(f for f in files if f.endswith(".py") and os.path.isfile(os.path.join(REPO, f)))
 

@@ -1,4 +1,4 @@
-"""FlashInfer modules built ahead of time (turingbox.build.flashinfer_aot builds them at image build): each module
+"""FlashInfer modules built ahead of time (turingbox_warmup.image.flashinfer_aot builds them at image build): each module
 directory of the baked layout `<base>/.cache/flashinfer/<version>/<archs>/cached_ops/<uri>/` holds `<uri>.so`, a
 prebuilt build.ninja and the MARKER file. A new cache entry's flashinfer/ (FLASHINFER_WORKSPACE_BASE) starts with
 a copy of them (store.prepare_cache, setting aot_flashinfer_dir), as it starts with the AOT Triton kernels."""

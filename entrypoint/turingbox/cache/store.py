@@ -330,7 +330,7 @@ def seed_aot_kernels(aot_dir: str, triton_dir: str) -> int:
     return copied
 
 
-MODELINFOS = "modelinfos"     # vLLM's model-class facts under VLLM_CACHE_ROOT (turingbox.build.modelinfos)
+MODELINFOS = "modelinfos"     # vLLM's model-class facts under VLLM_CACHE_ROOT (turingbox_warmup.image.modelinfos)
 
 
 def modelinfo_sources(aot_dir: str | None, roots: list[str | None], key: str, inputs: Mapping[str, Any]) -> list[str]:

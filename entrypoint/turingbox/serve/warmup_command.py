@@ -1,8 +1,8 @@
 """`turingbox warmup [--seed-only]` and `turingbox cache show|verify|seed`.
 
 Seeding prints one `turingbox-stage: <name>` line per stage and a final
-`turingbox-seed-result: {json}` line; `make warmup-cache` (turingbox.build.seed_docker) drives its progress bar
-from them, so they are a small protocol: STAGES is its single definition.
+`turingbox-seed-result: {json}` line; `make warmup-cache` (turingbox_warmup.seed_volume) drives its progress bar
+from them: the protocol is turingbox.cache.seed_protocol.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from turingbox import settings
 from turingbox.cache import store
+from turingbox.cache.seed_protocol import result_line, stage_line
 from turingbox.engine.engine import Engine, EngineNotAnswering, EngineUnfit
 from turingbox.engine.launch import parent_env, vllm_env
 from turingbox.errors import UsageError
@@ -28,12 +29,6 @@ from turingbox_plugin.contract import RUNTIME_DIR_ENV
 
 # the launcher's settings the warmup reads (serve declares and reads the same ones)
 LAUNCHER_SETTINGS = ("vllm_command", "vllm_stop_grace_seconds")
-STAGE_PREFIX = "turingbox-stage: "
-RESULT_PREFIX = "turingbox-seed-result: "
-# A seed whose engine compiled its graphs starts the engine once more ("loading-start", then the engine stages again):
-# see _warm_engine_async.
-STAGES = ("plan", "download", "cache", "engine-start", "engine-ready", "strict-warmup", "active-warmup", "engine-stop",
-          "loading-start", "complete")
 
 
 class SeedFailed(UsageError):
@@ -174,8 +169,7 @@ def run_verify(args) -> int:
 # ---- warmup / seed --------------------------------------------------------------------------------
 
 def stage(name: str, detail: str = "") -> None:
-    assert name in STAGES, name
-    print(f"{STAGE_PREFIX}{name}" + (f" {detail}" if detail else ""), flush=True)
+    print(stage_line(name, detail), flush=True)
 
 
 def _ensure_model(plan: Plan) -> None:
@@ -256,13 +250,13 @@ def _seed(args, plan: Plan, session: store.CacheSession, values: Mapping[str, An
 
 def _print_result(session: store.CacheSession, plan: Plan) -> None:
     sizes, _ = store.measure(session.entry)
-    print(RESULT_PREFIX + json.dumps({
+    print(result_line({
         "cache_key": session.key, "entry": session.entry, "mode": session.mode,
         "result": session.status["result"], "sizes": sizes,
         "tensor_parallel_size": plan.tensor_parallel_size,
         "num_speculative_tokens": plan.num_speculative_tokens, "gpu_name": plan.gpu_name,
         "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }, sort_keys=True), flush=True)
+    }), flush=True)
 
 
 def _warm_engine(plan: Plan, session: store.CacheSession, passthrough: list[str], *, vllm_command: str | None,

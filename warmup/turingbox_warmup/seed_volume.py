@@ -8,12 +8,11 @@ and sizes; exits non-zero when the seed fails.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any, Iterable, Mapping
 
-from turingbox.serve.warmup_command import RESULT_PREFIX, STAGE_PREFIX, STAGES
+from turingbox.cache.seed_protocol import STAGES, is_result, result_of, stage_of
 
 CACHE_MOUNT = "/cache"
 # compose.yaml names its cache volume `cache`; compose prefixes it with the project name.
@@ -54,17 +53,15 @@ class Progress:
         """Consume one log line; True when it advanced the stage."""
         line = line.rstrip("\n")
         self.tail = (self.tail + [line])[-40:]
-        if line.startswith(RESULT_PREFIX):
-            try:
-                self.result = json.loads(line[len(RESULT_PREFIX):])
-            except ValueError:
-                pass
+        if is_result(line):
+            result = result_of(line)
+            if result is not None:      # a cut or broken result line leaves the last good one
+                self.result = result
             return False
-        if line.startswith(STAGE_PREFIX):
-            name = line[len(STAGE_PREFIX):].split(" ", 1)[0]
-            if name in STAGES and STAGES.index(name) > self.stage:
-                self.stage = STAGES.index(name)
-                return True
+        name = stage_of(line)
+        if name is not None and STAGES.index(name) > self.stage:
+            self.stage = STAGES.index(name)
+            return True
         return False
 
     @property
@@ -104,7 +101,7 @@ def run(client, image: str, volume: str, environ: Mapping[str, str], extra_args:
             if progress.feed(line):
                 bar.update(progress.stage + 1 - bar.n)
                 bar.set_description(progress.stage_name)
-            elif not line.startswith(RESULT_PREFIX):
+            elif not is_result(line):
                 bar.write(line, file=sys.stderr)
         code = int(container.wait().get("StatusCode", 1))
     finally:

@@ -1,12 +1,12 @@
 """make warmup-cache: container arguments, environment passthrough and log-driven progress."""
 import json
 
-from turingbox.build import seed_docker
-from turingbox.serve.warmup_command import RESULT_PREFIX, STAGES
+from turingbox_warmup import seed_volume
+from turingbox.cache.seed_protocol import RESULT_PREFIX, STAGES
 
 
 def test_container_gets_all_gpus_the_volume_and_the_compose_environment():
-    kw = seed_docker.container_kwargs("turingbox:0.1.0", "turingbox_cache",
+    kw = seed_volume.container_kwargs("turingbox:0.1.0", "turingbox_cache",
                                       {"TURINGBOX_MODEL": "/models/x", "TURINGBOX_CACHE_DIR": "/elsewhere",
                                        "HOME": "/root", "AWS_SECRET": "no"})
     assert kw["command"] == ["turingbox", "warmup", "--seed-only"]
@@ -24,16 +24,16 @@ def test_progress_follows_stage_lines_split_across_chunks():
     log += RESULT_PREFIX + json.dumps(result) + "\n"
     raw = log.encode()
     chunks = [raw[i:i + 7] for i in range(0, len(raw), 7)]  # arbitrary byte boundaries
-    progress = seed_docker.Progress()
-    advanced = [progress.feed(line) for line in seed_docker.split_lines(chunks)]
+    progress = seed_volume.Progress()
+    advanced = [progress.feed(line) for line in seed_volume.split_lines(chunks)]
     assert sum(advanced) == len(STAGES) and progress.stage_name == "complete"
     assert progress.result == result
-    text = seed_docker.summary(progress.result)
+    text = seed_volume.summary(progress.result)
     assert "cache_key abcd" in text and "total 4.0 MiB" in text and "MTP 3" in text
 
 
 def test_stage_lines_never_go_backwards_and_unknown_ones_are_ignored():
-    p = seed_docker.Progress()
+    p = seed_volume.Progress()
     assert p.feed("turingbox-stage: engine-ready")
     assert not p.feed("turingbox-stage: plan")
     assert not p.feed("turingbox-stage: bogus")
@@ -43,7 +43,7 @@ def test_stage_lines_never_go_backwards_and_unknown_ones_are_ignored():
 def test_a_seed_with_a_second_start_holds_at_loading_start_until_complete():
     """The seed's real sequence when its first start compiled: the engine stages twice (tests/cache/test_seed_e2e.py)."""
     engine = ["engine-start", "engine-ready", "strict-warmup", "active-warmup", "engine-stop"]
-    progress = seed_docker.Progress()
+    progress = seed_volume.Progress()
     names = []
     for stage in ["plan", "cache", *engine, "loading-start", *engine]:
         progress.feed(f"turingbox-stage: {stage}")

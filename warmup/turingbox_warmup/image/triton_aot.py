@@ -20,7 +20,7 @@ Specializations come from two places:
     and plan (e.g. `_zero_kv_blocks_kernel`'s N_SEGS / PAGE_SIZE_EL), capture once, replay for every arch.
 
 CLI (runs in the Docker build, where vLLM is installed):
-    python -m turingbox.build.aot [--specs specs.jsonl] --arch 7.5,8.0,8.6,8.9,9.0 --out DIR
+    python -m turingbox_warmup.image.triton_aot [--specs specs.jsonl] --arch 7.5,8.0,8.6,8.9,9.0 --out DIR
 Without --specs it compiles the records shipped in aot_specs/*.jsonl (derived from vLLM 0.21's
 launch sites, and xgrammar's bitmask kernel as vLLM launches it, for turingbox's plans by
 aot_specs/derive.py; see the comment line of each file). Records of an OPTIONAL_PACKAGES package
@@ -454,7 +454,7 @@ def verify_rows(arch: int) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m turingbox.build.aot", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m turingbox_warmup.image.triton_aot", description=__doc__.splitlines()[0])
     p.add_argument("--specs", action="append", default=None,
                    help="specializations (JSON list or JSON lines; repeatable); default: the files shipped "
                         f"in {PACKAGED_SPECS} (derived by aot_specs/derive.py; GPU captures "

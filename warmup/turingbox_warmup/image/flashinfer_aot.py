@@ -1,11 +1,11 @@
 """FlashInfer's JIT modules for turingbox's plans: derived from source, built without a GPU, checked, seeded.
 
-    python -m turingbox.build.flashinfer_aot derive  [--vllm-src DIR] [--flashinfer-src DIR] [--out FILE]
-    python -m turingbox.build.flashinfer_aot list    [--arch 7.5] [--variants default|all] [--plan-json FILE]
-    python -m turingbox.build.flashinfer_aot build   --arch 7.5[,8.6] --out DIR [--build-dir DIR] [--plan-json FILE]
+    python -m turingbox_warmup.image.flashinfer_aot derive  [--vllm-src DIR] [--flashinfer-src DIR] [--out FILE]
+    python -m turingbox_warmup.image.flashinfer_aot list    [--arch 7.5] [--variants default|all] [--plan-json FILE]
+    python -m turingbox_warmup.image.flashinfer_aot build   --arch 7.5[,8.6] --out DIR [--build-dir DIR] [--plan-json FILE]
                                                       [--variants default|all] [--only URI ...] [--jobs N]
-    python -m turingbox.build.flashinfer_aot check   --arch 7.5 [--dir DIR] [--json]
-    python -m turingbox.build.flashinfer_aot install --from DIR --workspace-base DIR
+    python -m turingbox_warmup.image.flashinfer_aot check   --arch 7.5 [--dir DIR] [--json]
+    python -m turingbox_warmup.image.flashinfer_aot install --from DIR --workspace-base DIR
 
 What vLLM 0.21 asks FlashInfer 0.6.8.post1 for (read from their source; `derive` re-reads it, and
 tests/cache/test_flashinfer_specs.py fails when either drifts):
@@ -56,7 +56,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from turingbox import settings
 # The baked layout's marker and the copy into a cache entry are the cache's (serve seeds new entries with them).
-from turingbox.build.aot_specs.derive import default_vllm_src   # one definition (installed, TURINGBOX_VLLM_SRC, .cache)
+from turingbox_warmup.image.aot_specs.derive import default_vllm_src   # one definition (installed, TURINGBOX_VLLM_SRC, .cache)
 from turingbox.cache.flashinfer_prebuilt import MARKER, prebuilt_modules, seed_workspace
 from turingbox.plan.types import Plan
 
@@ -414,7 +414,7 @@ def derive(vllm_src: str, flashinfer_src: str, fixtures_dir: str) -> list[dict[s
     header = {
         "comment": (f"FlashInfer {FLASHINFER_VERSION} JIT modules that vLLM {VLLM_VERSION} requests for turingbox's "
                     "plans (fixture inventories + sm_80/86/89 kinds, default settings and the KV-dtype overrides), "
-                    "derived from both sources by `python -m turingbox.build.flashinfer_aot derive`; `build` compiles "
+                    "derived from both sources by `python -m turingbox_warmup.image.flashinfer_aot derive`; `build` compiles "
                     "the `default` records for an arch. Hashes: the vLLM/FlashInfer source the derivation read; a "
                     "change means re-derive and review."),
         "flashinfer_version": FLASHINFER_VERSION, "vllm_version": VLLM_VERSION,
@@ -564,7 +564,7 @@ def module_dir(base: str, arch_dir: str, uri: str, version: str = FLASHINFER_VER
     return os.path.join(base, ".cache", "flashinfer", version, arch_dir, "cached_ops", uri)
 
 
-PREBUILT_NINJA = """# Written by turingbox.build.flashinfer_aot: {uri}.so was built ahead of time (FlashInfer {version}, {arch_dir})
+PREBUILT_NINJA = """# Written by turingbox_warmup.image.flashinfer_aot: {uri}.so was built ahead of time (FlashInfer {version}, {arch_dir})
 # with FlashInfer's own JitSpec.build(). A phony edge has no command, so `ninja` finds nothing to do and FlashInfer
 # loads the file. Delete this directory to let FlashInfer JIT-build the module again.
 ninja_required_version = 1.3
@@ -1055,7 +1055,7 @@ def _plain_module_rows(base: Mapping[str, Any], prebuilt: Mapping[str, Any] | No
     module; their dynamic shared memory is CUB temp storage of a 1024-thread block (a few KiB), not computed."""
     if not prebuilt:
         return [{**base, "name": f"{base['name']} (not built here: nothing to measure)", "ok": True,
-                 "skipped": "not built here (python -m turingbox.build.flashinfer_aot build --only sampling)"}]
+                 "skipped": "not built here (python -m turingbox_warmup.image.flashinfer_aot build --only sampling)"}]
     so = os.path.join(prebuilt["path"], f"{prebuilt['uri']}.so")
     res = module_resources(so, sm)
     ptxas = prebuilt.get("ptxas_resource_usage") or {}
@@ -1114,7 +1114,7 @@ def _records_from_args(a) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m turingbox.build.flashinfer_aot", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m turingbox_warmup.image.flashinfer_aot", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("derive", help="re-derive the shipped spec file from vLLM's and FlashInfer's source")
     d.add_argument("--vllm-src", default=None)
@@ -1151,7 +1151,7 @@ def main(argv: list[str] | None = None) -> int:
             fsrc = a.flashinfer_src or default_flashinfer_src()
             if not fsrc:
                 raise FlashInferAotError("no FlashInfer source (--flashinfer-src, TURINGBOX_FLASHINFER_SRC)")
-            repo = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))     # entrypoint/turingbox/build
+            repo = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))     # warmup/turingbox_warmup/image
             fixtures = a.fixtures or os.path.join(repo, "tests", "fixtures", "gpus")
             write_specs(derive(vsrc, fsrc, fixtures), a.out)
             print(a.out)

@@ -1,6 +1,6 @@
 """`make bake`: an image with one seeded cache entry inside, in a read-only layer.
 
-    python -m turingbox.build.bake --image turingbox:0.1.0 (--from-volume NAME | --from-dir PATH)
+    python -m turingbox_warmup.bake --image turingbox:0.1.0 (--from-volume NAME | --from-dir PATH)
                                     [--gpus-json FILE] [--key KEY] [--tag TAG]
 
 Host side, Docker SDK only. Steps:
@@ -33,7 +33,7 @@ import tempfile
 from typing import Any, Mapping
 
 from turingbox import settings
-from turingbox.build import flashinfer_aot
+from turingbox_warmup.image import flashinfer_aot
 from turingbox.cache import fingerprint, store
 
 DEFAULT_BAKED_DIR = "/opt/turingbox/baked-cache"

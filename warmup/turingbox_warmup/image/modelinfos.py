@@ -13,7 +13,7 @@ This runs vLLM's own inspection (`ModelRegistry._try_inspect_model_cls`, the cal
 VLLM_CACHE_ROOT pointed at OUT, so vLLM writes the files itself; turingbox.cache.store copies them into the
 vllm/ folder of every new cache entry (setting aot_modelinfos_dir).
 
-CLI (in the Docker build, no GPU):  python -m turingbox.build.modelinfos --out DIR [--arch A ...]
+CLI (in the Docker build, no GPU):  python -m turingbox_warmup.image.modelinfos --out DIR [--arch A ...]
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def build(out: str, architectures: tuple[str, ...] = ARCHITECTURES) -> list[str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m turingbox.build.modelinfos", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m turingbox_warmup.image.modelinfos", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="directory that becomes aot_modelinfos_dir (files in OUT/modelinfos)")
     p.add_argument("--arch", action="append", help="architecture (repeatable; default: %s)" % ", ".join(ARCHITECTURES))
     a = p.parse_args(argv)
