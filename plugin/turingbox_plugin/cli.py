@@ -11,6 +11,8 @@ import os
 import sys
 from typing import Any
 
+from turingbox_plugin import check_model, contract, doctor, jit_report
+from turingbox_plugin.bench.client import bench_decode, bench_prefill, plot_prefill
 from turingbox_plugin.errors import ToolError
 
 
@@ -31,8 +33,6 @@ def _write_json(path: str | None, data: Any) -> None:
 
 # -- doctor ---------------------------------------------------------------------------------------
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from turingbox_plugin import doctor
-
     checks = doctor.run_checks(args.model, args)
     result = doctor.as_json(checks)
     text = "\n".join(f"{c.status:4}  {c.name}: {c.detail}" for c in checks)
@@ -45,6 +45,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     # the compile rows may import vLLM, whose logger writes to stdout: keep stdout the report (--json)
     # environ: vLLM's logging variable, set before vLLM is imported
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    # local: verify's kernels import Triton, and every `turingbox` command, serve too, registers this CLI (53 ms)
     from turingbox_plugin import verify
 
     if args.compile_only:
@@ -70,9 +71,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 # -- check-model ----------------------------------------------------------------------------------
 def cmd_check_model(args: argparse.Namespace) -> int:
-    from turingbox_plugin.check_model import report
-
-    r = report(args.model_dir)
+    r = check_model.report(args.model_dir)
     tp = ", ".join(f"TP{t}: {v}" for t, v in r["tensor_parallel"].items())
     q = r["quantization"]
     text = "\n".join([
@@ -110,8 +109,6 @@ def _lengths(text: str) -> tuple[int, ...]:
 
 
 def cmd_bench_decode(args: argparse.Namespace) -> int:
-    from turingbox_plugin.bench.client import bench_decode
-
     r = bench_decode(args.url, model=args.model, repeats=args.repeats, max_tokens=args.max_tokens,
                      api_key=args.api_key, timeout=args.timeout)
     _write_json(args.output, r)
@@ -125,8 +122,6 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_prefill(args: argparse.Namespace) -> int:
-    from turingbox_plugin.bench.client import bench_prefill, plot_prefill
-
     r = bench_prefill(args.url, model=args.model, lengths=args.lengths, requests_per_length=args.requests,
                       api_key=args.api_key, timeout=args.timeout)
     if args.plot and len(r["lengths"]) >= 1:
@@ -144,7 +139,6 @@ def cmd_bench_prefill(args: argparse.Namespace) -> int:
 
 
 def _bench_common(p: argparse.ArgumentParser) -> None:
-    from turingbox_plugin import contract
     defaults = contract.client_defaults()
     p.add_argument("--url", default=defaults["url"], help=f"server base URL [env {contract.BENCH_URL_ENV}]")
     p.add_argument("--model", default=None, help="model name (default: the first of /v1/models)")
@@ -155,8 +149,6 @@ def _bench_common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    from turingbox_plugin import doctor
-
     p = sub.add_parser("doctor", help="check Python, torch, CUDA, Triton, ptxas, vLLM, GPUs, plugin, model")
     doctor.add_arguments(p)
     p.set_defaults(func=cmd_doctor)
@@ -197,8 +189,6 @@ def register(sub: Any) -> None:
 
 
 def cmd_jit_report(args: argparse.Namespace) -> int:
-    from turingbox_plugin import jit_report
-
     runtime_dir = args.runtime_dir
     if not runtime_dir:
         import httpx
@@ -206,12 +196,11 @@ def cmd_jit_report(args: argparse.Namespace) -> int:
         try:
             plan = httpx.get(args.url.rstrip("/") + "/turingbox/plan", timeout=10,
                              headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}).json()
-            from turingbox_plugin.contract import RUNTIME_DIR_ENV
-            runtime_dir = (plan.get("env") or {}).get(RUNTIME_DIR_ENV)
+            runtime_dir = (plan.get("env") or {}).get(contract.RUNTIME_DIR_ENV)
         except (httpx.HTTPError, ValueError) as exc:
             raise ToolError(f"--url {args.url}: the plan could not be read ({type(exc).__name__}).") from None
         if not runtime_dir:
-            raise ToolError(f"--url {args.url}: the plan names no {RUNTIME_DIR_ENV}; give --runtime-dir.")
+            raise ToolError(f"--url {args.url}: the plan names no {contract.RUNTIME_DIR_ENV}; give --runtime-dir.")
     if not os.path.isdir(runtime_dir):
         raise ToolError(f"--runtime-dir {runtime_dir!r} is not a directory.", 2)
     rep = jit_report.report(runtime_dir)

@@ -12,6 +12,9 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Callable
 
+from turingbox_plugin.errors import ToolError
+from turingbox_plugin.model_config import load_model_config
+
 REQUIRED_VLLM = "0.21.0"
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 
@@ -199,9 +202,6 @@ def check_gdn_interface(root: str | None = None) -> Check:
 
 
 def check_model(model_dir: str) -> Check:
-    from turingbox_plugin.errors import ToolError
-    from turingbox_plugin.model_config import load_model_config
-
     try:
         m = load_model_config(model_dir)
     except ToolError as exc:

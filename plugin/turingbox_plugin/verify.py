@@ -1,14 +1,16 @@
 """`verify`: the plugin's kernels vs references on one GPU, or `--compile-only --arch X.Y` without one."""
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import subprocess
 import tempfile
 from typing import Any
 
+from turingbox_plugin import gdn
+from turingbox_plugin.doctor import ptxas_path
 from turingbox_plugin.errors import ToolError
+from turingbox_plugin.kernels import COMPILE_SPECS, scaled_copy
 
 _RESOURCE_RE = {
     "registers": re.compile(r"Used (\d+) registers"),
@@ -71,7 +73,6 @@ def ptxas_for(arch: int) -> str | None:
             return path
     except Exception:  # noqa: BLE001 - an older or partial Triton: fall back to the doctor's lookup
         pass
-    from turingbox_plugin.doctor import ptxas_path
     return ptxas_path()
 
 
@@ -137,18 +138,11 @@ def compile_report(arch_text: str) -> list[dict[str, Any]]:
     """One table for an arch: the plugin's Triton kernels, the turbo GDN kernels, then the rows of every
     COMPILE_REPORTS_GROUP entry point (the appliance's AOT Triton specializations and FlashInfer modules)."""
     arch = supported_arch(arch_text)
-    from turingbox_plugin.kernels import COMPILE_SPECS
-
     rows = [compile_one(name, fn, sig, cx, arch) for name, (fn, sig, cx) in COMPILE_SPECS.items()]
     try:
-        gdn = importlib.import_module("turingbox_plugin.gdn")
-    except ImportError:
-        gdn = None
-    if gdn is not None and hasattr(gdn, "compile_report"):
-        try:
-            rows.extend(gdn.compile_report(arch_label(arch)))
-        except Exception as exc:
-            rows.append({"name": "turingbox_plugin.gdn", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        rows.extend(gdn.compile_report(arch_label(arch)))
+    except Exception as exc:
+        rows.append({"name": "turingbox_plugin.gdn", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
     for name, fn in extra_compile_reports():
         try:
             rows.extend(fn(arch))
@@ -181,8 +175,6 @@ def run_on_gpu() -> list[dict[str, Any]]:
 
     if not torch.cuda.is_available():
         raise ToolError("verify needs a CUDA GPU; use --compile-only --arch 7.5 without one.")
-    from turingbox_plugin.kernels import scaled_copy
-
     rows = []
     for dtype in (torch.float16, torch.float32):
         x = torch.randn(10_007, device="cuda", dtype=dtype)
@@ -191,10 +183,6 @@ def run_on_gpu() -> list[dict[str, Any]]:
         err = (got.float() - ref.float()).abs().max().item()
         rows.append({"name": f"scaled_copy_kernel[{str(dtype).split('.')[-1]}]", "ok": err <= 1e-3,
                      "max_abs_err": err})
-    try:
-        gdn = importlib.import_module("turingbox_plugin.gdn")
-    except ImportError:
-        gdn = None
-    if gdn is not None and hasattr(gdn, "verify_report"):
+    if hasattr(gdn, "verify_report"):    # the GDN library's GPU check, when it has one (docs/benchmarks.md)
         rows.extend(gdn.verify_report())
     return rows

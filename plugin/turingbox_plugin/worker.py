@@ -17,11 +17,16 @@ from typing import Any, Iterator
 
 from vllm.v1.worker.gpu_worker import Worker
 
-from turingbox_plugin import __version__
+from turingbox_plugin import __version__, autotune, driver, structured
 from turingbox_plugin.activation import PluginSettings, resolve_settings
 from turingbox_plugin.contract import status_rank
+from turingbox_plugin.gdn import hook as gdn_hook
 from turingbox_plugin.jit_accounting import JitAccountant
+from turingbox_plugin.jit_report import key_log_path
+from turingbox_plugin.specializations import LaunchRecorder
 from turingbox_plugin.status import StatusWriter
+from turingbox_plugin.vllm_fixes import apply_all
+from turingbox_plugin.warmup_plan import plan_bitmask_cases, plan_waves, summarize, summarize_bitmask
 
 log = logging.getLogger("vllm.turingbox_plugin")
 
@@ -65,8 +70,6 @@ class TuringboxWorker(Worker):
         runtime_dir = s.runtime_dir    # the contract's engine variable (activation.py)
         key_log = None
         if s.active and runtime_dir:
-            from turingbox_plugin.jit_report import key_log_path
-
             key_log = key_log_path(runtime_dir, self.tb_rank)
             with contextlib.suppress(OSError):
                 os.makedirs(runtime_dir, exist_ok=True)
@@ -83,10 +86,7 @@ class TuringboxWorker(Worker):
         self.tb_active_paths["jit_accounting"] = self.tb_accountant.install()
         # vLLM 0.21 faults a client can trigger (wrong allowed_token_ids masks, an engine-killing gather):
         # patched before the model runner builds its InputBatch; each says applied or why not
-        from turingbox_plugin.vllm_fixes import apply_all
         self.tb_active_paths["vllm_fixes"] = apply_all()
-        from turingbox_plugin import autotune
-
         self.tb_active_paths["autotune_patch"] = autotune.install(
             # environ: TRITON_CACHE_DIR: set by the launcher for vLLM and Triton, read here as Triton reads it
             prune_num_stages=s.prune_autotune, stable_cache_dir=os.environ.get("TRITON_CACHE_DIR"))
@@ -146,8 +146,6 @@ class TuringboxWorker(Worker):
         if gdn == "turbo":
             installed = False
             try:
-                from turingbox_plugin.gdn import hook as gdn_hook
-
                 installed = bool(gdn_hook.install("turbo"))
             except ImportError as exc:
                 log.warning("turingbox: GDN turbo path unavailable: %s", exc)
@@ -163,8 +161,6 @@ class TuringboxWorker(Worker):
             return super().compile_or_warm_up_model(*args, **kwargs)
         assert self.tb_status is not None
         self.tb_status.update(stage="compiling")
-        from turingbox_plugin.specializations import LaunchRecorder
-
         # Every Triton launch of vLLM's own warmup and of the strict warmup is recorded, so that the
         # sweep after the waves can compile the other int classes of the arguments that follow the batch.
         self.tb_launches = LaunchRecorder()
@@ -213,9 +209,6 @@ class TuringboxWorker(Worker):
         return result
 
     def _strict_warmup(self, summary: dict[str, Any]) -> list[dict]:
-        from turingbox_plugin import driver
-        from turingbox_plugin.warmup_plan import plan_waves, summarize
-
         reason = driver.unsupported_reason(self.vllm_config)
         if reason:
             raise driver.WarmupError(reason)
@@ -249,9 +242,6 @@ class TuringboxWorker(Worker):
 
     def _structured_output_warmup(self, summary: dict[str, Any]) -> list[dict]:
         """Grammar requests' bitmask kernel (see structured.py); skipped with one line where it cannot run."""
-        from turingbox_plugin import structured
-        from turingbox_plugin.warmup_plan import plan_bitmask_cases, summarize_bitmask
-
         reason = structured.skip_reason(self)
         if reason:
             log.info("turingbox strict warmup: structured-output bitmask skipped: %s", reason)

@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 
-from . import library
+from . import library, ops
 
 MODES = ("turbo", "vllm")
 LAYER_NAME = "GatedDeltaNetAttention"
@@ -87,8 +87,6 @@ def _make_layer_class(base):
     from vllm.forward_context import get_forward_context
     from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
     from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
-
-    from . import ops
 
     class TurboChunkGatedDeltaRule(torch.nn.Module):
         """ChunkGatedDeltaRule's forward signature, backed by the tensor-core prefill; shapes or
