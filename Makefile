@@ -19,7 +19,7 @@ PYTEST ?= $(PYTHON) -m pytest
 # pytest exit 5 means "no tests collected": that is a failure here, never a silent pass.
 run_pytest = $(PYTEST) $(1); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
-.PHONY: help dev up down logs plan image test test-setup test-unit test-deploy test-image test-reliability lint \
+.PHONY: help dev up down logs plan image test test-all test-setup test-unit test-deploy test-image test-reliability lint \
         warmup-cache bake bench-decode bench-prefill bench-startup verify-sm75 clean distclean
 
 help: ## this list
@@ -53,26 +53,31 @@ image: ## build the appliance image (BASE_IMAGE=..., EXTRA_CA_CERT=path for TLS-
 	tools/ci/docker-build.sh -t $(IMAGE) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
 	  $(if $(EXTRA_CA_CERT),--build-arg EXTRA_CA_CERT_B64=$$(base64 -w0 $(EXTRA_CA_CERT))) .
 
-test: test-setup ## all tests, after test-setup: CPU unit/sidecar/planner/caches/plugin, deploy, the image, then reliability (its two-containers case uses the image)
+# What `make test` leaves out: a GPU (the GPU machine runs those), and the 60 s load test unless SLOW=1.
+TEST_MARKERS = not gpu$(if $(SLOW),, and not slow)
+
+test: test-setup ## every test in one pytest run, after test-setup: CPU, deploy, the image (built once), reliability (SLOW=1 for the 60 s load)
 	@# a sub-make: it reads the venv test-setup may just have built (PYTHON is chosen when make starts)
-	@$(MAKE) --no-print-directory test-unit test-deploy test-image test-reliability
+	@$(MAKE) --no-print-directory test-all
+
+test-all: ## what `make test` runs once test-setup is done: one pytest run over tests/
+	@$(call run_pytest,tests -m "$(TEST_MARKERS)")
 
 test-setup: ## what `make test` needs, each step skipped when done: apt tools, the venv (make dev), package sources in .cache/, a Docker engine with Compose v2 and buildx, the stand-in base image (root on Debian 12)
 	@VENV=$(VENV) DEV_INPUTS="$(DEV_INPUTS)" tools/ci/test-setup.sh
 
-test-unit: ## planner, inventory, sidecar, signals, caches, plugin: no GPU, no Docker
+# Parts of `make test` for development (each one pytest run; markers, not folders, say what a test needs):
+test-unit: ## the tests that need no GPU, no Docker and little time (planner, sidecar, caches, plugin, ...)
 	@$(call run_pytest,tests -m "not docker and not gpu and not slow" --ignore=tests/reliability --ignore=tests/deploy)
 
 test-deploy: ## kustomize base + components rendered and validated (vendored CRD schemas), dashboard build, alert rules (promtool), metric names
 	@$(call run_pytest,tests/deploy)
 
-test-image: ## build the image on a local stand-in base and smoke-test it without a GPU; bake from a cache entry
-	@$(call run_pytest,tests/image -m docker)
-	@# a separate run: both folders' conftest.py are imported as `conftest`
-	@$(call run_pytest,tests/cache -m docker)
+test-image: ## every test that needs Docker: the image built on a local stand-in base and smoke-tested without a GPU, bake, two containers on one cache
+	@$(call run_pytest,tests -m "docker and $(TEST_MARKERS)")
 
 test-reliability: ## load, faults, bad input and security tests of the sidecar (no GPU; SLOW=1 for the full 60 s load)
-	@$(call run_pytest,tests/reliability -m "not gpu $(if $(SLOW),,and not slow)")
+	@$(call run_pytest,tests/reliability -m "$(TEST_MARKERS)")
 
 lint: ## hadolint, yamllint, kubernetes-validate
 	hadolint Dockerfile

@@ -9,8 +9,7 @@ private repo without its token), so huggingface_hub raises its own exceptions. K
 `cut[path] = n` sends n bytes of the body and drops the connection, then answers 500 until `cut` is cleared (a
 download that breaks off); `gate[path] = (n, event)` sends n bytes and waits for the event before the rest (a slow
 download a test can watch without sleeping); `corrupt` serves flipped bytes. Every request is logged in `requests`.
-Used by tests/unit/test_hub_model.py and tests/sidecar/test_serve_hub_download.py (a module at tests/, on sys.path
-through tests/conftest.py's folder).
+Used by tests/unit/test_hub_model.py and tests/sidecar/test_serve_hub_download.py (`from tests.hub_server import FakeHub`).
 """
 from __future__ import annotations
 

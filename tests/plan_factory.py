@@ -1,6 +1,5 @@
 """Real plans for tests that need a `turingbox.plan.types.Plan`: the planner's own output for a GPU fixture
-(the built-in demo model, planned in memory), with chosen fields replaced. `import plan_factory` works from
-every test directory (tests/ is on sys.path through tests/conftest.py)."""
+(the built-in demo model, planned in memory), with chosen fields replaced (`from tests.plan_factory import planned`)."""
 from __future__ import annotations
 
 import dataclasses

@@ -7,6 +7,7 @@ are never entered.
 """
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 
 from turingbox_warmup.image import triton_aot  # noqa: E402
+# aot_kernels is a top-level module here and in the child (PYTHONPATH): a kernel's recorded name is module:function
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from aot_kernels import scale_copy_kernel  # noqa: E402
 
 

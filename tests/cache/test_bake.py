@@ -8,8 +8,8 @@ import pytest
 
 from turingbox_warmup import bake
 from turingbox.cache import store
-from conftest import make_plan
-from test_session import seed
+from tests.cache.cache_helpers import make_plan
+from tests.cache.test_session import seed
 
 
 def manifests(root):

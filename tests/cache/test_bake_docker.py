@@ -47,7 +47,7 @@ def base(client):
     if image:
         yield image                       # the operator's image: never removed
         return
-    import python_image
+    from tests.cache import python_image
     why = python_image.available()
     if why:
         pytest.skip(why)

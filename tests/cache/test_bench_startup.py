@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from test_seed_e2e import H200, QWEN36_CONFIG
+from tests.cache.test_seed_e2e import H200, QWEN36_CONFIG
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENGINE = os.path.join(REPO, "tests", "cache", "engine_filling_caches.py")

@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 from turingbox.cache import store
-from conftest import make_plan
-from test_session import seed
+from tests.cache.cache_helpers import make_plan
+from tests.cache.test_session import seed
 
 
 def cli(*args, root=None):
@@ -69,7 +69,7 @@ def test_bad_input_is_one_sentence_and_exit_2(tmp_path):
 
 def test_a_plan_saved_by_an_older_turingbox_is_refused_not_served_on_a_stale_entry(tmp_path):
     # cache key revision 1 (before session 11): its argv and key predate vLLM's HOME-free compile key
-    from plan_factory import planned
+    from tests.plan_factory import planned
     saved = planned("1xh200").to_dict()
     del saved["cache_inputs"]["revision"]
     (tmp_path / "old.json").write_text(json.dumps(saved))
@@ -81,7 +81,7 @@ def test_a_plan_saved_by_an_older_turingbox_is_refused_not_served_on_a_stale_ent
 
 
 def test_warmup_on_a_complete_entry_does_nothing_but_report_it(tmp_path):
-    from plan_factory import planned
+    from tests.plan_factory import planned
     plan = make_plan()
     seed(plan, tmp_path / "root")
     # a whole plan (warmup --plan-json takes `turingbox plan --json`'s object) with this test's fingerprint

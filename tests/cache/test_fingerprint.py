@@ -5,7 +5,7 @@ import os
 import pytest
 
 from turingbox.cache import fingerprint, store
-from conftest import PLAN, SOFTWARE, make_plan
+from tests.cache.cache_helpers import PLAN, SOFTWARE, make_plan
 
 
 def test_same_inputs_give_the_same_key_across_dict_order():

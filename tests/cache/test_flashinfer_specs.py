@@ -89,7 +89,7 @@ def test_the_image_plans_need_one_attention_module_per_dtype_and_sampling_everyw
 
 
 def plan(cc="7.5", backend="FLASHINFER", dtype="half", kv="fp8"):
-    from plan_factory import planned
+    from tests.plan_factory import planned
     return planned(compute_capability=cc, attention_backend=backend, dtype=dtype, kv_cache_dtype=kv)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from turingbox_warmup.image import flashinfer_aot as fa
 
-from test_flashinfer_aot import CUDA_HOME, FI_SRC, HAVE_FI, need, patched_flashinfer  # noqa: E402
+from tests.cache.test_flashinfer_aot import CUDA_HOME, FI_SRC, HAVE_FI, need, patched_flashinfer  # noqa: E402
 
 
 def registered() -> set[str]:

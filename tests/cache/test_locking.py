@@ -7,7 +7,8 @@ import sys
 import time
 
 from turingbox.cache import store
-from conftest import make_plan, run_py, turingbox_temporaries
+from tests.cache.cache_helpers import make_plan, run_py, turingbox_temporaries
+from tests.waiting import wait_until
 
 # A child process: prepare the cache for the plan in argv, record what it got, write into the entry
 # while holding it (appending start/end lines so overlapping writers would show), then finish and
@@ -27,7 +28,7 @@ for i in range(5):
     p = os.path.join(s.env["TRITON_CACHE_DIR"], f"k{os.getpid()}_{i}.cubin")
     with open(p, "wb") as f:
         f.write(b"x" * 1000)
-    time.sleep(hold / 5)
+    time.sleep(hold / 5)  # behaviour: a writer that holds its entry for `hold` seconds
 note("end")
 s.finish(True)
 s.close()
@@ -65,10 +66,7 @@ def test_busy_entry_gives_the_second_process_a_private_copy_and_leaves_the_write
                                                                                          private_tmpdir):
     journal = tmp_path / "journal"
     writer = start_child(plan, tmp_path / "root", journal, 4.0, 30)
-    deadline = time.time() + 20
-    while not (journal.exists() and journal.read_text()):
-        assert time.time() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: journal.exists() and journal.read_text(), 20, what="the writer's start in the journal")
     reader = start_child(plan, tmp_path / "root", journal, 0.1, 0.2)
     out, err = reader.communicate(timeout=30)
     assert reader.returncode == 0, err
@@ -91,10 +89,7 @@ def test_busy_entry_gives_the_second_process_a_private_copy_and_leaves_the_write
 def test_writer_killed_mid_seed_releases_the_lock_and_the_next_start_resumes(tmp_path, plan):
     journal = tmp_path / "journal"
     writer = start_child(plan, tmp_path / "root", journal, 60.0, 30)
-    deadline = time.time() + 20
-    while not (journal.exists() and journal.read_text()):
-        assert time.time() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: journal.exists() and journal.read_text(), 20, what="the writer's start in the journal")
     writer.send_signal(signal.SIGKILL)
     writer.communicate(timeout=10)
     t0 = time.monotonic()
@@ -109,10 +104,7 @@ def test_writer_killed_mid_seed_releases_the_lock_and_the_next_start_resumes(tmp
 def test_private_run_publishes_its_entry_when_the_shared_one_was_never_completed(tmp_path, plan, private_tmpdir):
     journal = tmp_path / "journal"
     writer = start_child(plan, tmp_path / "root", journal, 60.0, 30)
-    deadline = time.time() + 20
-    while not (journal.exists() and journal.read_text()):
-        assert time.time() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: journal.exists() and journal.read_text(), 20, what="the writer's start in the journal")
     private = store.prepare_cache(plan, str(tmp_path / "root"), lock_wait_s=0.2)
     assert private.mode == "private"
     open(os.path.join(private.env["TRITON_CACHE_DIR"], "mine.cubin"), "wb").write(b"warmed privately")

@@ -10,14 +10,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 import turingbox
 from turingbox.cache import store
 from turingbox.cache.seed_protocol import RESULT_PREFIX, STAGE_PREFIX, STAGES
-from conftest import turingbox_temporaries
+from tests.cache.cache_helpers import turingbox_temporaries
+from tests.waiting import wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -28,9 +28,6 @@ QWEN36_CONFIG = os.path.join(os.path.dirname(turingbox.__file__), "data", "qwen3
 ARTEFACTS = ("triton/KERNELHASH/_zero_kv_blocks_kernel.cubin", "triton/KERNELHASH/chunk_fwd.autotune.json",
              "vllm/torch_compile_cache/abc123/rank_0_0/backbone/artifact_shape_None_subgraph_0",
              "inductor/fxgraph/xy/entry")
-
-pytest.importorskip("turingbox.plan.command", reason="the planner is part of the appliance")
-pytest.importorskip("turingbox.serve.controller", reason="seeding reuses serve's launcher")
 
 
 @pytest.fixture
@@ -82,22 +79,24 @@ def engine_pids(box):
     return [e["pid"] for e in map(json.loads, path.read_text().splitlines()) if e["event"] == "started"]
 
 
-def gone(pid, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        # A zombie still answers kill(0); it is dead all the same.
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(")")[-1].split()[0] == "Z":
-                    return True
-        except OSError:
-            return True
-        time.sleep(0.05)
-    return False
+def dead(pid) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie still answers kill(0); it is dead all the same.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def gone(pid, timeout=5.0) -> bool:
+    try:
+        return wait_until(lambda: dead(pid), timeout, what=f"pid {pid} to exit")
+    except AssertionError:
+        return False
 
 
 def assert_incomplete(box, key):
@@ -204,9 +203,7 @@ def test_sigterm_during_a_seed_stops_the_engine_and_leaves_the_entry_incomplete(
     key = expected_plan(box).cache_key
     proc = warmup(box, "--seed-only", extra_env={"FAKE_VLLM_STARTUP_SECONDS": "60"}, popen=True)
     try:
-        deadline = time.monotonic() + 30
-        while not engine_pids(box) and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
+        wait_until(lambda: engine_pids(box) or proc.poll() is not None, 30, what="the engine to start")
         pids = engine_pids(box)
         assert pids, "the engine never started"
         proc.send_signal(signal.SIGTERM)
@@ -246,7 +243,7 @@ def test_warmup_of_a_hub_id_downloads_it_first_then_seeds_the_snapshot(box):
     models volume from the hub (tests/hub_server.py, a real HTTP server answering as the hub does) in its
     `download` stage, as serve does, before the engine starts on the snapshot directory; offline with the volume
     filled it makes no request."""
-    from hub_server import FakeHub
+    from tests.hub_server import FakeHub
     from turingbox.model import hub
 
     repo = "test-org/qwen36-config"

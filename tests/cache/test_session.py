@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from turingbox.cache import store
-from conftest import SOFTWARE, make_plan, turingbox_temporaries
+from tests.cache.cache_helpers import SOFTWARE, make_plan, turingbox_temporaries
 
 
 def seed(plan, root, files=None):

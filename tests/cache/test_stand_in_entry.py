@@ -20,7 +20,8 @@ import pytest
 import turingbox
 from turingbox.cache import store
 from turingbox.cache.seed_protocol import RESULT_PREFIX, STAGE_PREFIX
-from conftest import make_plan
+from tests.cache.cache_helpers import make_plan
+from tests.waiting import wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -68,19 +69,20 @@ def serve_until_ready_then_stop(box, extra_env: dict) -> str:
                                 env={**box["env"], **extra_env}, stdout=log, stderr=log, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while True:
+
+        def ready() -> bool:
             assert proc.poll() is None, log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, "serve did not become ready:\n" + log_path.read_text()[-3000:]
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=1, trust_env=False).status_code == 200:
-                    break
+                return httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=1, trust_env=False).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        # serve finishes the entry right after ready, off its event loop: wait for the verdict line
-        while not any(s in log_path.read_text() for s in (" complete: ", "left incomplete")):
-            assert time.monotonic() < deadline, "no cache verdict:\n" + log_path.read_text()[-3000:]
-            time.sleep(0.1)
+                return False
+        try:
+            wait_until(ready, 60, interval=0.1, what="readiness")
+            # serve finishes the entry right after ready, off its event loop: wait for the verdict line
+            wait_until(lambda: any(s in log_path.read_text() for s in (" complete: ", "left incomplete")),
+                       deadline - time.monotonic(), interval=0.1, what="the cache verdict")
+        except AssertionError as e:
+            raise AssertionError(f"{e}:\n" + log_path.read_text()[-3000:]) from None
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)

@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from deploy_helpers import K8S, REPO, by_kind, load
+from tests.deploy.deploy_helpers import K8S, REPO, by_kind, load
 
 PORT = 8000
 

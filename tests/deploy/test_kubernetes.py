@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from deploy_helpers import K8S, by_kind, k8s_validate, load, need
+from tests.deploy.deploy_helpers import K8S, by_kind, k8s_validate, load, need
 
 COMPONENTS = sorted(os.listdir(os.path.join(K8S, "components")))
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "ScaledObject", "InferencePool", "InferenceObjective", "LeaderWorkerSet"}

@@ -11,7 +11,7 @@ import subprocess
 
 import yaml
 
-from deploy_helpers import (K8S, REPO, load, need, need_module, promql_series, turingbox_series, vllm_series)
+from tests.deploy.deploy_helpers import (K8S, REPO, load, need, need_module, promql_series, turingbox_series, vllm_series)
 
 GRAFANA = os.path.join(REPO, "deploy", "grafana")
 ALERTS = os.path.join(REPO, "deploy", "prometheus", "alerts.yaml")

@@ -25,6 +25,8 @@ variable FAKE_VLLM_NAME (upper case, '-' -> '_'):
                       gets 404 NotFoundError, param "model" (0, the default: any name; older tests send "m")
   chunk-delay F       seconds before each chunk (0)
   first-chunk-delay F seconds between the response headers and the first chunk: prefill (0)
+  prefill-per-token F and F seconds more per prompt token (a token-id list's length, else its words): a TTFT
+                      that grows with the prompt, for the prefill bench (0)
   role-chunk 1        chat streams start like vLLM's: a role-only chunk (content "") written right
                       before the first content chunk, as two writes (0)
   die-after-chunks N  exit in the middle of a stream after sending N chunks (0 = never)
@@ -34,6 +36,12 @@ variable FAKE_VLLM_NAME (upper case, '-' -> '_'):
   control-dir DIR     while DIR/hang exists every request hangs (turn a hang on and off at run time)
   fail-requests 1     answer every completion request with HTTP 500 (as vLLM does on an engine error)
   events FILE         JSON lines: started, request, cancelled, completed, sigterm, dying
+  record FILE         JSON lines: every completion request's path and whole body, as received
+  structured-outputs M  what a grammar request (response_format, a forced tool_choice) gets: "" answers it like
+                      any other (the default); apply: a forced tool call's `tool_calls` / a JSON object, as vLLM
+                      with a grammar backend does (non-streaming); refuse: HTTP 400 "structured outputs are not
+                      supported" (a server without structured-output support)
+  structured-delay F  grammar requests answer F seconds late: a grammar that compiles slowly (0)
   plugin MODE         ok | missing | fail: the worker status files written (ok)
   jit-after-ready S   "kernel=count,..." reported as JIT compiles after ready
   ignore-sigterm 1    ignore SIGTERM (serve must escalate to SIGKILL)
@@ -75,6 +83,7 @@ DEFAULTS = {
     "graphs": "",
     "keepalive-race-methods": "GET",
     "eos-after": "0", "check-model": "0",
+    "prefill-per-token": "0", "record": "", "structured-outputs": "", "structured-delay": "0",
     # data-parallel engines whose workers report (empty: all); fewer stands for an engine whose plugin is not active
     "engines-reporting": "",
 }
@@ -153,6 +162,38 @@ def event(kind: str, **fields) -> None:
         f.write(line + "\n")
 
 
+def record(path: str, body: dict) -> None:
+    if O.get("record"):
+        with _events_lock, open(O["record"], "a") as f:
+            f.write(json.dumps({"path": path, "body": body}) + "\n")
+
+
+def prompt_token_count(body: dict) -> int:
+    """The prompt's length in the fake's tokens: a token-id list's length, else its words."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        return len(prompt)
+    if prompt is None:
+        prompt = " ".join(str(m.get("content", "")) for m in body.get("messages") or [] if isinstance(m, dict))
+    return len(str(prompt).split())
+
+
+def is_grammar(body: dict) -> bool:
+    """A request vLLM answers under a grammar: a response_format, or a tool call it must make."""
+    return bool(body.get("response_format")) or isinstance(body.get("tool_choice"), dict) \
+        or body.get("tool_choice") == "required"
+
+
+def structured_message(body: dict) -> dict:
+    """What a model under vLLM's grammar answers: the forced function's call, or a JSON object."""
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        return {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_0", "type": "function",
+            "function": {"name": choice["function"]["name"], "arguments": "{\"city\": \"Paris\"}"}}]}
+    return {"role": "assistant", "content": "{\"city\": \"Paris\", \"country\": \"France\"}"}
+
+
 def die(why: str) -> None:
     log("ERROR", "core.py:1100", "EngineCore encountered a fatal error.")
     log("ERROR", "fake_vllm.py:1", f"fake vllm: dying on purpose ({why})")
@@ -161,14 +202,14 @@ def die(why: str) -> None:
     sig = int(O["die-signal"])
     if sig:
         os.kill(os.getpid(), sig)
-        time.sleep(5)
+        time.sleep(5)  # behaviour: the signal ends this process; nothing after the kill runs
     os._exit(int(O["exit-code"]))
 
 
 def hang_if_asked() -> None:
     control = O.get("control-dir")
     while control and os.path.exists(os.path.join(control, "hang")):
-        time.sleep(0.05)
+        time.sleep(0.05)  # behaviour: a request hangs for as long as DIR/hang exists
 
 
 def client_gone(sock: socket.socket) -> bool:
@@ -217,7 +258,7 @@ class Handler(BaseHTTPRequestHandler):
         self._json(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
         if O["close-after-error"] not in ("0", ""):
             self.wfile.flush()
-            time.sleep(0.02)     # long enough for a pooled client to write its next request into it
+            time.sleep(0.02)  # behaviour: long enough for a pooled client to write its next request into it
             self.close_connection = True
 
     def _refusal(self, body: dict) -> tuple[int, str] | None:
@@ -326,6 +367,7 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             self._error_then_close(400, f"invalid JSON: {exc}", "BadRequestError")
             return
+        record(path, body)
         model = body.get("model")
         if O["check-model"] not in ("0", "") and model and model not in O["served_names"]:
             # vLLM 0.21 serving.py _check_model: an empty or missing name means the first served model
@@ -337,6 +379,14 @@ class Handler(BaseHTTPRequestHandler):
             event("request", id=0, path=path, failed=True)
             self._error_then_close(500, "EngineCore encountered an issue (fake).", "InternalServerError")
             return
+        grammar = is_grammar(body)
+        if grammar and O["structured-outputs"] == "refuse":
+            event("request", id=0, path=path, refused=400)
+            self._json(400, {"error": {"message": "structured outputs are not supported", "type": "BadRequestError",
+                                       "param": None, "code": 400}})
+            return
+        if grammar and float(O["structured-delay"]):
+            time.sleep(float(O["structured-delay"]))  # behaviour: a grammar that takes this long to compile
         refused = self._refusal(body)
         if refused is not None and body.get("stream") and refused[1] == SPEC_DECODE_REFUSAL:
             # vLLM validates sampling parameters inside a stream's generator: 200, then one error event.
@@ -376,11 +426,13 @@ class Handler(BaseHTTPRequestHandler):
         eos = int(O["eos-after"])
         finish = "stop" if eos and eos < n else "length"
         n = min(n, eos) if eos else n
+        prefill = float(O["first-chunk-delay"]) + float(O["prefill-per-token"]) * prompt_token_count(body)
         if stream:
-            self._stream(rid, chat, n, bool((body.get("stream_options") or {}).get("include_usage")), choices, finish)
+            self._stream(rid, chat, n, bool((body.get("stream_options") or {}).get("include_usage")), choices, finish,
+                         prefill)
         else:
             # "Generate" while watching the client, as vLLM's with_cancellation does: a client that leaves aborts it.
-            if not self._wait(float(O["first-chunk-delay"]) + float(O["chunk-delay"]) * n):
+            if not self._wait(prefill + float(O["chunk-delay"]) * n):
                 event("cancelled", id=rid, chunks_sent=0)
                 self.close_connection = True
                 return
@@ -393,7 +445,9 @@ class Handler(BaseHTTPRequestHandler):
                                  "usage": {"input_tokens": 3, "output_tokens": n, "total_tokens": n + 3}})
                 event("completed", id=rid, chunks=n)
                 return
-            choice = [{"index": c, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+            message = structured_message(body) if chat and grammar and O["structured-outputs"] == "apply" \
+                else {"role": "assistant", "content": text}
+            choice = [{"index": c, "message": message, "finish_reason": finish}
                       if chat else {"index": c, "text": text, "finish_reason": finish} for c in range(choices)]
             prompt_tokens = 3
             if not chat and body.get("prompt_logprobs") is not None:
@@ -420,15 +474,15 @@ class Handler(BaseHTTPRequestHandler):
             left = end - time.monotonic()
             if left <= 0:
                 return True
-            time.sleep(min(left, 0.02))
+            time.sleep(min(left, 0.02))  # behaviour: generation takes `seconds`
 
-    def _stream(self, rid: int, chat: bool, n: int, usage: bool, choices: int = 1, finish: str = "length") -> None:
+    def _stream(self, rid: int, chat: bool, n: int, usage: bool, choices: int = 1, finish: str = "length",
+                first_delay: float = 0.0) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         delay = float(O["chunk-delay"])
-        first_delay = float(O["first-chunk-delay"])
         die_after = int(O["die-after-chunks"])
         sent = 0
         try:
@@ -438,7 +492,7 @@ class Handler(BaseHTTPRequestHandler):
                     self.close_connection = True
                     return
                 if delay:
-                    time.sleep(delay)
+                    time.sleep(delay)  # behaviour: decoding one chunk takes chunk-delay
                 if client_gone(self.connection):
                     event("cancelled", id=rid, chunks_sent=sent)
                     self.close_connection = True
@@ -504,7 +558,7 @@ def on_sigterm(sig, frame) -> None:
         log("INFO", "fake_vllm.py:1", "fake vllm: ignoring SIGTERM on purpose")
         return
     wait = float(O["sigterm-seconds"])
-    threading.Thread(target=lambda: (time.sleep(wait), os._exit(0)), daemon=True).start()
+    threading.Thread(target=lambda: (time.sleep(wait), os._exit(0)), daemon=True).start()  # behaviour: a slow exit
 
 
 def startup_stage(name: str, lines: list[tuple[str, str]], end_lines: list[tuple[str, str]]) -> None:
@@ -518,7 +572,7 @@ def startup_stage(name: str, lines: list[tuple[str, str]], end_lines: list[tuple
         event("dying", why=f"fail-at {name}")
         sys.stdout.flush()
         os._exit(int(O["exit-code"]))
-    time.sleep(float(O["stage-seconds"]))
+    time.sleep(float(O["stage-seconds"]))  # behaviour: each start stage takes stage-seconds
     for where, message in end_lines:
         log("INFO", where, message)
 
@@ -537,11 +591,11 @@ def main(argv: list[str]) -> None:
     server = ThreadingHTTPServer((O["host"], O["port"]), Handler)
     server.daemon_threads = True
     if O["child"] not in ("0", ""):
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])  # behaviour: a child that lives on
         event("child", child_pid=child.pid)
     event("started", argv=argv, port=O["port"], pgid=os.getpgid(0),
           multiproc_method=os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"))   # how real vLLM starts its engine core
-    time.sleep(float(O["startup-seconds"]))
+    time.sleep(float(O["startup-seconds"]))  # behaviour: a slow start
     startup_stage("loading", [("gpu_model_runner.py:4858", f"Starting to load model {O['model']}...")],
                   [("default_loader.py:398", "Loading weights took 0.01 seconds"),
                    ("gpu_model_runner.py:4960", "Model loading took 0.50 GiB memory and 0.020000 seconds")])

@@ -6,15 +6,14 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
+from tests.waiting import wait_until
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FAKE_VLLM = os.path.join(REPO, "tests", "fakes", "fake_vllm.py")
-TTFT_SERVER = os.path.join(os.path.dirname(__file__), "ttft_server.py")
-OPENAI_RECORDER = os.path.join(os.path.dirname(__file__), "openai_recorder.py")
 
 
 def _real_config() -> str:
@@ -37,17 +36,14 @@ def free_port() -> int:
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def up() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
         try:
-            if httpx.get(url + "/v1/models", timeout=1.0).status_code in (200, 401):
-                return
+            return httpx.get(url + "/v1/models", timeout=1.0).status_code in (200, 401)
         except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError("server did not come up")
+            return False
+    wait_until(up, timeout, what=f"{url}/v1/models")
 
 
 def _start(argv: list[str], url: str, env: dict | None = None):
@@ -67,8 +63,6 @@ def fake_vllm_factory():
     procs = []
 
     def start(*extra: str, env: dict | None = None) -> str:
-        if not os.path.exists(FAKE_VLLM):
-            pytest.skip("tests/fakes/fake_vllm.py is not in the tree yet")
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         procs.append(_start([sys.executable, FAKE_VLLM, "serve", "demo", "--host", "127.0.0.1", "--port", str(port),
@@ -86,32 +80,28 @@ def fake_vllm_factory():
 
 
 @pytest.fixture
-def ttft_server():
-    """A server whose time to first token is overhead + prompt_tokens * per_token (see ttft_server.py)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = _start([sys.executable, TTFT_SERVER, str(port), "0.03", "0.00005"], url)
-    yield url, 0.03, 0.00005
-    proc.terminate()
-    proc.wait(timeout=5)
+def ttft_server(fake_vllm_factory):
+    """The stand-in vLLM with a time to first token of overhead + prompt_tokens * per_token: (url, overhead,
+    per_token)."""
+    overhead, per_token = 0.03, 0.00005
+    url = fake_vllm_factory("--fake-first-chunk-delay", str(overhead), "--fake-prefill-per-token", str(per_token))
+    return url, overhead, per_token
 
 
 @pytest.fixture
-def openai_recorder(tmp_path):
-    """start(mode) -> (url, record file): a server recording request bodies (see openai_recorder.py)."""
-    procs = []
+def openai_recorder(fake_vllm_factory, tmp_path):
+    """start(structured_outputs, *flags) -> (url, record file): the stand-in vLLM recording every request body,
+    answering grammar requests as `structured_outputs` says (fake_vllm.py: apply | refuse), one token each."""
+    started = []
 
-    def start(mode: str = ""):
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        record = tmp_path / f"requests-{len(procs)}.jsonl"
-        procs.append(_start([sys.executable, OPENAI_RECORDER, str(port), str(record), mode], url))
+    def start(structured_outputs: str = "apply", *flags: str):
+        record = tmp_path / f"requests-{len(started)}.jsonl"
+        started.append(record)
+        url = fake_vllm_factory("--fake-record", str(record), "--fake-structured-outputs", structured_outputs,
+                                "--fake-eos-after", "1", *flags)
         return url, record
 
-    yield start
-    for p in procs:
-        p.terminate()
-        p.wait(timeout=5)
+    return start
 
 
 @pytest.fixture

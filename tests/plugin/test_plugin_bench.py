@@ -155,10 +155,14 @@ def test_active_warmup_sends_grammar_requests_with_thinking_off(openai_recorder)
     forced = [b for b in bodies if isinstance(b.get("tool_choice"), dict)]
     assert len(forced) == 1 and forced[0]["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     assert forced[0]["tools"][0]["function"]["name"] == "get_weather" and not forced[0].get("stream")
-    json_mode = [b for b in bodies if b.get("response_format")]
+    json_mode = [b for b in bodies if b.get("response_format") and not b.get("allowed_token_ids")]
     assert len(json_mode) == 1 and json_mode[0]["response_format"] == {"type": "json_object"}
     for b in forced + json_mode:
         assert b["chat_template_kwargs"] == {"enable_thinking": False} and b["max_tokens"] == 32
+    # the stand-in has vLLM's /tokenize, so the grammar with allowed_token_ids ("{") goes out too
+    [allowed] = [b for b in bodies if b.get("allowed_token_ids")]
+    assert allowed["response_format"] == {"type": "json_object"} and allowed["allowed_token_ids"] == [1000 + ord("{")]
+    assert allowed["chat_template_kwargs"] == {"enable_thinking": False}
 
 
 def test_active_warmup_grammar_refusal_is_not_fatal(openai_recorder):
@@ -175,7 +179,7 @@ def test_active_warmup_grammar_requests_are_time_bounded(openai_recorder, monkey
     from turingbox.serve import active_warmup
 
     monkeypatch.setattr(active_warmup, "OPTIONAL_TIMEOUT_S", 0.5)
-    url, _ = openai_recorder("slow")
+    url, _ = openai_recorder("apply", "--fake-structured-delay", "5")
     r = run_active_warmup(url, "demo", timeout=60, concurrencies=())
     results = {x["name"]: x for x in r["requests"]}
     assert "ReadTimeout" in results["chat-forced-tool-call"]["skipped"]   # the server answers after 5 s

@@ -10,8 +10,7 @@ from importlib import metadata
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vllm_source import vllm_source_root  # noqa: E402
+from tests.plugin.vllm_source import vllm_source_root  # noqa: E402
 
 from turingbox_plugin.activation import resolve_settings, turingbox_section, argv_additional_config
 

@@ -11,8 +11,7 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from vllm_source import vllm_source_root  # noqa: E402
+from tests.plugin.vllm_source import vllm_source_root  # noqa: E402
 
 
 @pytest.fixture(scope="module")

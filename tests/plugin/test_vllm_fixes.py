@@ -9,8 +9,7 @@ import sys
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from vllm_source import vllm_source_root as _source_root  # noqa: E402
+from tests.plugin.vllm_source import vllm_source_root as _source_root  # noqa: E402
 V = 248320
 
 

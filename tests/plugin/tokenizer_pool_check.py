@@ -112,7 +112,7 @@ deadline = time.monotonic() + 60
 while time.monotonic() < deadline and (
         (pool and pool[0].qsize() < 2) or
         (mode in ("patched", "renderer-first") and not any("tokenizer pool filled" in m for m in said))):
-    time.sleep(0.01)
+    time.sleep(0.01)  # poll: until the pool is filled or the deadline passes (a child: no tests package here)
 out["copies_after_engine_start"] = len(deepcopies)
 out["copy_threads"] = sorted(set(deepcopies))
 out["queued_after_engine_start"] = pool[0].qsize() if pool else None

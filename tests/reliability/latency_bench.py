@@ -27,9 +27,10 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "sidecar"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))     # a script: the checkout, for the tests package
 
-from sidecar_harness import Serve, free_port, wait_until  # noqa: E402
+from tests.sidecar.sidecar_harness import Serve, free_port  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
 
 BODY = {"model": "m", "stream": True, "max_tokens": 8, "temperature": 0.0,
         "messages": [{"role": "user", "content": "Say something about caches."}]}

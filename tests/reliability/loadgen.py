@@ -175,7 +175,7 @@ async def run_load(url: str, concurrency: int = 64, duration: float = 60.0, max_
 
         async def progress() -> None:
             while on_progress is not None:
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(1.0)  # behaviour: progress is reported once a second
                 on_progress(time.perf_counter() - t_start, summary)
 
         ticker = asyncio.create_task(progress())

@@ -14,7 +14,7 @@ import re
 import httpx
 import pytest
 
-from loadgen import run_load
+from tests.reliability.loadgen import run_load
 
 CONCURRENCY = 32
 SECONDS = float(os.environ.get("ADMISSION_LOAD_SECONDS", "6"))
@@ -39,7 +39,7 @@ async def hostile_while(load: asyncio.Task, url: str) -> list[dict]:
             r = await client.post(path, json=body)
             answers.append({"path": path, "expected_param": param, "status": r.status_code, "body": r.json()})
             i += 1
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # behaviour: the hostile client's pace, ten requests a second
     return answers
 
 

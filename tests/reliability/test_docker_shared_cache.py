@@ -6,20 +6,20 @@ compile artefacts into the entry, then becomes tests/fakes/fake_vllm.py), so bot
 cache decisions on the same volume at the same moment and become ready. Afterwards `turingbox cache verify` in a third
 container must find the entry complete and sound, and a third serve must hit it.
 
-Image: $TURINGBOX_TEST_IMAGE, else turingbox:0.1.0, else turingbox:image-test; skipped when none exists.
+Image: the session's appliance image (tests/docker_image.py: $TURINGBOX_TEST_IMAGE, else the real Dockerfile
+built once per run, the one tests/image checks).
 """
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import time
 import uuid
 
 import httpx
 import pytest
 
-from sidecar_harness import FAKE_VLLM, H200, free_port, make_model_dir, wait_until
+from tests.sidecar.sidecar_harness import FAKE_VLLM, H200, free_port, make_model_dir
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(400)]
 
@@ -31,14 +31,9 @@ def docker(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
     return r
 
 
-@pytest.fixture(scope="module")
-def image() -> str:
-    if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
-        pytest.skip("no Docker engine answers here")
-    for tag in filter(None, (os.environ.get("TURINGBOX_TEST_IMAGE"), "turingbox:0.1.0", "turingbox:image-test")):
-        if docker("image", "inspect", tag, check=False).returncode == 0:
-            return tag
-    pytest.skip("no appliance image here (make image, or set TURINGBOX_TEST_IMAGE)")
+def container_log(name: str) -> str:
+    r = docker("logs", name, check=False)
+    return r.stdout + r.stderr
 
 
 def test_two_containers_share_one_cache_volume_without_corruption(image, tmp_path):
@@ -81,7 +76,9 @@ def test_two_containers_share_one_cache_volume_without_corruption(image, tmp_pat
         for p in ports:               # both serve
             r = httpx.post(f"http://127.0.0.1:{p}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
             assert r.status_code == 200 and r.json()["choices"][0]["text"] == "tok0 tok1 "
-        time.sleep(1)                 # the writer completes its entry right after ready (off the event loop)
+        # the writer completes its entry right after ready, off the event loop: wait for its verdict line
+        wait_until(lambda: any(" complete: " in container_log(n) for n in names), 60, interval=0.5,
+                   what="the cache entry's completion in a container's log")
         for name in names:
             docker("stop", "-t", "30", name, timeout=90)
             assert docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip() == "0"

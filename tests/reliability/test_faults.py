@@ -22,8 +22,9 @@ import time
 import httpx
 import pytest
 
-from loadgen import one_request
-from sidecar_harness import pid_alive, wait_until
+from tests.reliability.loadgen import one_request
+from tests.sidecar.sidecar_harness import pid_alive
+from tests.waiting import wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -68,7 +69,7 @@ def test_upstream_killed_under_concurrent_streams(serve_factory):
         deadline = asyncio.get_running_loop().time() + 10
         while not (len(received) == 16 and all(n > 0 for n in received.values())):
             assert asyncio.get_running_loop().time() < deadline, f"streams under way: {received}"
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # poll: every stream's first chunks read, or the deadline
         os.kill(pid, signal.SIGKILL)
         plain = await asyncio.to_thread(s.client.post, "/v1/completions", json={"prompt": "x", "max_tokens": 1})
         return await streams, plain
@@ -121,7 +122,7 @@ def test_a_keepalive_connection_closed_by_vllm_does_not_turn_readiness_503(serve
     t_end = time.monotonic() + 8 * period
     while time.monotonic() < t_end:
         assert s.get("/health/ready").status_code == 200, s.output()[-1500:]
-        time.sleep(period / 4)
+        time.sleep(period / 4)  # behaviour: readiness sampled four times a probe period, for eight periods
     assert "did not answer" not in s.output() and "/health failed" not in s.output()
 
 
@@ -164,7 +165,7 @@ def test_sigterm_under_load_loses_no_accepted_request(serve_factory):
             accepted = [asyncio.create_task(one_request(client, i, rng, 30)) for i in range(32)]
             await asyncio.to_thread(wait_until, lambda: len(s.events("request")) >= 32, 10)
             s.signal(signal.SIGTERM)
-            await asyncio.sleep(0.2)
+            await asyncio.to_thread(wait_until, lambda: "received: draining" in s.output(), 10, what="draining")
             late = await one_request(client, 1000, rng, 3)
             return await asyncio.gather(*accepted), late
 

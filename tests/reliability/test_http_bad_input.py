@@ -17,8 +17,10 @@ import time
 import httpx
 import pytest
 
-from procstats import rss_mib
-from sidecar_harness import sse_events, wait_until
+from tests.reliability.procstats import rss_mib
+from tests.reliability.serve_env import serve_env
+from tests.sidecar.sidecar_harness import Serve, sse_events
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 KEY = "fuzz-key-5150"
@@ -26,8 +28,6 @@ KEY = "fuzz-key-5150"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from conftest import serve_env
-    from sidecar_harness import Serve
     s = Serve(str(tmp_path_factory.mktemp("bad-input")),
               env=serve_env(TURINGBOX_API_KEY=KEY, TURINGBOX_CLIENT_TIMEOUT_SECONDS="1.5",
                             TURINGBOX_MAX_HEADER_BYTES="16384", TURINGBOX_MAX_REQUEST_BYTES="100000"))
@@ -48,7 +48,7 @@ def raw_exchange(port: int, data: bytes, timeout: float = 10.0, send_slowly: flo
             if send_slowly:
                 for i in range(0, len(data), 1):
                     c.sendall(data[i:i + 1])
-                    time.sleep(send_slowly)
+                    time.sleep(send_slowly)  # behaviour: a client that sends slowly
             else:
                 c.sendall(data)
         except (BrokenPipeError, ConnectionResetError):
@@ -148,7 +148,7 @@ def test_slow_reader_is_held_back_not_buffered(server):
         body = json.dumps({"model": "m", "prompt": "x" * 2000, "stream": True, "max_tokens": n}).encode()
         c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
                   + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-        time.sleep(3)                                       # not reading
+        time.sleep(3)  # behaviour: a client that stops reading for longer than the 1.5 s client timeout
         grew = rss_mib(server.proc.pid) - before
         data = b""
         while not data.endswith(b"0\r\n\r\n"):

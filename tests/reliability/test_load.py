@@ -11,13 +11,13 @@ import json
 import os
 import re
 import threading
-import time
 
 import pytest
 
-from loadgen import run_load
-from procstats import fd_count, rss_mib, socket_count
-from sidecar_harness import free_port, wait_until
+from tests.reliability.loadgen import run_load
+from tests.reliability.procstats import connections_to, fd_count, rss_mib, socket_count
+from tests.sidecar.sidecar_harness import free_port
+from tests.waiting import wait_until
 
 CONCURRENCY = 64
 UPSTREAM = {"FAKE_VLLM_FIRST_CHUNK_DELAY": "0.02", "FAKE_VLLM_CHUNK_DELAY": "0.004", "FAKE_VLLM_ROLE_CHUNK": "1"}
@@ -62,6 +62,15 @@ def settle_descriptors(s, limit: int, timeout: float = 15.0) -> int:
                              f"{limit} allowed: {sorted(os.listdir(f'/proc/{s.proc.pid}/fd'))[:50]}") from None
 
 
+def idle_pool_retired(s, upstream: int, timeout: float = 15.0) -> None:
+    """Wait until the warm-up's idle upstream connections are retired (after the pool's keep-alive, on the next
+    request): serve keeps at most the one the last request used."""
+    def retired():
+        s.get("/v1/models")
+        return connections_to(s.proc.pid, upstream) <= 1
+    wait_until(retired, timeout, interval=0.5, what=f"serve's idle connections to port {upstream} retired")
+
+
 def run_case(serve_factory, proxied_s: float, direct_s: float) -> dict:
     upstream = free_port()
     s = serve_factory(args=["--upstream-port", str(upstream)], env=UPSTREAM)
@@ -72,7 +81,7 @@ def run_case(serve_factory, proxied_s: float, direct_s: float) -> dict:
     assert warm.as_dict()["errors"] == 0, warm.as_dict()
     fds_at_rest = settle_descriptors(s, fd_count(pid) + 64)      # at most one idle pool's worth now
     fds_before, sockets_before = settle_descriptors(s, 10_000), socket_count(pid)
-    time.sleep(5)                                                # let the idle pool expire entirely
+    idle_pool_retired(s, upstream)
     fds_before = settle_descriptors(s, fds_before)
     sockets_before = socket_count(pid)
 

@@ -16,8 +16,8 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from conftest import REPO, REPO_PYTHONPATH
-from sidecar_harness import H200, make_model_dir
+from tests.reliability.serve_env import REPO, REPO_PYTHONPATH
+from tests.sidecar.sidecar_harness import H200, make_model_dir
 
 from turingbox import cli, settings as S
 from turingbox.errors import UsageError

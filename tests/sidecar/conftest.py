@@ -1,7 +1,7 @@
 """Fixtures of the serve/sidecar tests (helpers live in sidecar_harness)."""
 import pytest
 
-from sidecar_harness import Serve
+from tests.sidecar.sidecar_harness import Serve
 
 
 @pytest.fixture

@@ -1,6 +1,4 @@
-"""Real `turingbox serve` processes in front of the real fake-vLLM HTTP process (tests/fakes/fake_vllm.py).
-
-A uniquely named module (not conftest) so test files can import it next to other test folders' conftests."""
+"""Real `turingbox serve` processes in front of the real fake-vLLM HTTP process (tests/fakes/fake_vllm.py)."""
 from __future__ import annotations
 
 import glob
@@ -10,10 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from typing import Callable
 
 import httpx
+
+from tests.waiting import wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -42,16 +40,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
 
 
 class Serve:

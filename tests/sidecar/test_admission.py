@@ -11,7 +11,8 @@ import time
 import httpx
 import pytest
 
-from sidecar_harness import Serve, sse_events, wait_until
+from tests.sidecar.sidecar_harness import Serve, sse_events
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-import plan_factory
-from sidecar_harness import FAKE_VLLM, pid_alive
+from tests import plan_factory
+from tests.sidecar.sidecar_harness import FAKE_VLLM, pid_alive
 from turingbox.engine.engine import ENGINE_STAGES, Engine, EngineNotAnswering, EngineUnfit
 from turingbox.engine.launch import vllm_env
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from sidecar_harness import REPO
+from tests.sidecar.sidecar_harness import REPO
 
 pytestmark = pytest.mark.timeout(60)
 

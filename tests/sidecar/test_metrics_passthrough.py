@@ -16,7 +16,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar_harness import REPO, wait_until
+from tests.sidecar.sidecar_harness import REPO
+from tests.waiting import wait_until
+
 from turingbox.serve import stages
 from turingbox.serve.metrics import ServeMetrics, UpstreamError, validate_exposition
 from turingbox.serve.options import ServeOptions
@@ -59,7 +61,7 @@ class Upstream:
                 outer.hits += 1
                 outer.authorization.append(self.headers.get("Authorization"))
                 if outer.delay:
-                    time.sleep(outer.delay)
+                    time.sleep(outer.delay)  # behaviour: an upstream /metrics that answers slowly
                 body = outer.body if self.path == "/metrics" else b"{}"
                 try:
                     self.send_response(outer.status if self.path == "/metrics" else 404)

@@ -13,7 +13,8 @@ import time
 import httpx
 import pytest
 
-from sidecar_harness import FAKE_VLLM, H200, NO_GPUS, REPO, Serve, make_model_dir, pid_alive, sse_events, wait_until
+from tests.sidecar.sidecar_harness import FAKE_VLLM, H200, NO_GPUS, REPO, Serve, make_model_dir, pid_alive, sse_events
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,8 +10,9 @@ import threading
 
 import pytest
 
-from hub_server import FakeHub
-from sidecar_harness import MODEL_CONFIG, wait_until
+from tests.hub_server import FakeHub
+from tests.sidecar.sidecar_harness import MODEL_CONFIG
+from tests.waiting import wait_until
 from turingbox.model import hub
 
 MODEL = "test-org/tiny-qwen"

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from sidecar_harness import Serve
+from tests.sidecar.sidecar_harness import Serve
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-CONFTEST = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conftest.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFTEST = os.path.join(REPO, "tests", "conftest.py")
 
 TESTS = '''
 import pytest
@@ -53,6 +54,8 @@ def tree(tmp_path):
 
 def run(tree, ci: str | None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "CI"}
+    # the conftest's plugin (tests.docker_image) is imported from the checkout
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (REPO, env.get("PYTHONPATH"))))
     if ci is not None:
         env["CI"] = ci
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(tree)], cwd=tree, env=env,

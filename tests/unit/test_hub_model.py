@@ -14,7 +14,7 @@ import huggingface_hub
 from huggingface_hub import constants as hf_constants
 import pytest
 
-from hub_server import FakeHub
+from tests.hub_server import FakeHub
 from turingbox.errors import UsageError
 from turingbox.model import hub
 

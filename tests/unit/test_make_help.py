@@ -72,3 +72,13 @@ def test_clean_keeps_the_venv_and_the_sources_distclean_removes_them(tmp_path):
 
 def test_help_says_what_clean_keeps():
     assert re.search(r"keeps the venv", help_rows()["clean"])
+
+
+def test_make_test_is_test_setup_then_one_pytest_run_over_every_test():
+    """One run: one session (the image built once, one skip count), markers choosing what this machine lacks."""
+    steps = make("-n", "test").stdout.splitlines()
+    runs = [line for line in steps if "-m pytest" in line]
+    assert len(runs) == 1, runs
+    assert re.search(r"-m pytest tests -m \"not gpu and not slow\";", runs[0]), runs[0]
+    assert "--ignore" not in runs[0]
+    assert steps.index(next(line for line in steps if "tools/ci/test-setup.sh" in line)) < steps.index(runs[0])

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from test_planner import fixture, uuids, write_model
+from tests.unit.test_planner import fixture, uuids, write_model
 
 
 def run_plan(*argv, env=None, timeout=120):

@@ -18,7 +18,7 @@ from turingbox.plan import command as plan_command
 from turingbox.plan.planner import flashinfer_sm75_problem, make_plan
 from turingbox_plugin.model_config import load_model_config
 
-from test_planner import FIXTURES, SOFTWARE, write_model  # noqa: E402  (tests/unit is on sys.path)
+from tests.unit.test_planner import FIXTURES, SOFTWARE, write_model  # noqa: E402
 
 
 def software(flashinfer: str) -> dict:

@@ -24,7 +24,7 @@ ALL_KEYS = ["tensor_parallel_size", "data_parallel_size", "objective", "num_spec
 
 @pytest.fixture(scope="module", params=["4x2080ti-22g", "1xh200"])
 def plan(request) -> Plan:
-    from plan_factory import planned
+    from tests.plan_factory import planned
     return planned(request.param)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from test_planner import AWQ, FIXTURES, SOFTWARE, write_model
+from tests.unit.test_planner import AWQ, FIXTURES, SOFTWARE, write_model
 from turingbox.gpus.inventory import read_inventory
 from turingbox.errors import UsageError
 from turingbox.plan.planner import make_plan

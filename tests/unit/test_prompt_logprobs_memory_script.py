@@ -8,8 +8,9 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
+
+from tests.waiting import wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "tests", "gpu", "prompt_logprobs_memory.py")
@@ -28,14 +29,13 @@ def _run(tmp_path, growth_mib: int):
     vllm = subprocess.Popen([sys.executable, FAKE_VLLM, "serve", "demo", "--host", "127.0.0.1", "--port", str(port)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while True:
+        def answers() -> bool:
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
-                break
+                return True
             except OSError:
-                assert time.monotonic() < deadline, "fake vLLM did not answer"
-                time.sleep(0.1)
+                return False
+        wait_until(answers, 30, interval=0.1, what="the fake vLLM's /v1/models")
         # nvidia-smi stand-in: prints the number in `used`, then adds growth_mib to it (the request's growth)
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir()

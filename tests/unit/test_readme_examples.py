@@ -23,6 +23,8 @@ import pytest
 
 from turingbox import settings as S
 
+from tests.waiting import wait_until
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(REPO, "README.md")
 FAKE_VLLM = os.path.join(REPO, "tests", "fakes", "fake_vllm.py")
@@ -188,15 +190,16 @@ def server(tmp_path_factory):
     deadline = time.monotonic() + 240           # the demo tokenizer is built on the first start (~10 s)
     try:
         with httpx.Client(trust_env=False, timeout=5) as client:
-            while True:
+            def ready() -> bool:
                 assert proc.poll() is None, "serve exited:\n" + (tmp / "serve.log").read_text()[-4000:]
                 try:
-                    if client.get(url + "/health/ready").status_code == 200:
-                        break
+                    return client.get(url + "/health/ready").status_code == 200
                 except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "not ready:\n" + (tmp / "serve.log").read_text()[-4000:]
-                time.sleep(0.2)
+                    return False
+            try:
+                wait_until(ready, deadline - time.monotonic(), interval=0.2, what="readiness")
+            except AssertionError:
+                raise AssertionError("not ready:\n" + (tmp / "serve.log").read_text()[-4000:]) from None
         yield {"port": port, "log": tmp / "serve.log"}
     finally:
         if proc.poll() is None:

@@ -20,7 +20,7 @@ GPU = os.path.join(REPO, "tests", "gpu")
 sys.path.insert(0, GPU)
 sys.path.insert(0, os.path.join(REPO, "tests", "sidecar"))
 import soak_gen as G  # noqa: E402
-import sidecar_harness as H  # noqa: E402
+from tests.sidecar import sidecar_harness as H  # noqa: E402
 
 MML = 262144
 
