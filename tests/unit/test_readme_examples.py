@@ -21,7 +21,7 @@ from typing import Callable
 import httpx
 import pytest
 
-from turingbox import settings as S
+from turingbox import config as S
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(REPO, "README.md")

@@ -1,6 +1,6 @@
 """Every TURINGBOX_* name in the shipped code is a declared setting (flag + variable, resolved once), or one of
 the few documented below that are not the appliance's settings. A new ad hoc variable fails here, and so does a
-setting declared outside turingbox/settings.py or a new reader of the ambient environment (os.environ)."""
+setting declared outside turingbox/config/table.py or a new reader of the ambient environment (os.environ)."""
 from __future__ import annotations
 
 import io
@@ -11,8 +11,8 @@ import tokenize
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from turingbox.settings import HARNESS_PREFIX, HARNESS_VARIABLES
-from turingbox.settings import OTHER_VARIABLES as NOT_APPLIANCE_SETTINGS   # declared beside the table
+from turingbox.config import HARNESS_PREFIX, HARNESS_VARIABLES
+from turingbox.config import OTHER_VARIABLES as NOT_APPLIANCE_SETTINGS   # declared beside the table
 
 
 def names_in_shipped_files() -> dict[str, set[str]]:
@@ -28,10 +28,10 @@ def names_in_shipped_files() -> dict[str, set[str]]:
 
 
 def test_every_turingbox_variable_is_a_setting_or_documented():
-    from turingbox.settings import REGISTRY     # the one table: complete without importing any feature module
+    from turingbox.config import REGISTRY     # the one table: complete without importing any feature module
     declared = {s.env_name for s in REGISTRY.values()}
     found = names_in_shipped_files()
-    # settings.py names the harness's own variables (so the CLI does not refuse them as typos), nothing else does
+    # config/table.py names the harness's own variables (so the CLI does not refuse them as typos), nothing else does
     harness = {n for n in found if n in HARNESS_VARIABLES or n.startswith(HARNESS_PREFIX)}
     assert all(found[n] == {SETTINGS_MODULE} for n in harness), {n: sorted(found[n]) for n in harness}
     unknown = {n: sorted(f) for n, f in found.items() if n not in declared and n not in NOT_APPLIANCE_SETTINGS
@@ -42,13 +42,14 @@ def test_every_turingbox_variable_is_a_setting_or_documented():
     assert not set(NOT_APPLIANCE_SETTINGS) & declared, "a declared setting is also listed as an exception"
 
 
-SETTINGS_MODULE = "entrypoint/turingbox/settings.py"
+SETTINGS_MODULE = "entrypoint/turingbox/config/table.py"
 
 # Who may read the process environment (os.environ). The resolvers: the appliance's settings, the engine
 # launcher's environment builder (the environment vLLM inherits) and the plugin's own resolver. Everyone
 # else is a documented exception, each read with a `# environ: why` comment on or just above it.
 ENVIRON_RESOLVERS = {
-    "entrypoint/turingbox/settings.py": "resolve(): flag > TURINGBOX_* env > default",
+    "entrypoint/turingbox/config/__init__.py": "load(): flag > TURINGBOX_* env > default",
+    "entrypoint/turingbox/config/table.py": "unknown_variables(): the TURINGBOX_* names that are no setting",
     "entrypoint/turingbox/engine/launch.py": "parent_env(): the environment vLLM inherits (vllm_env builds on it)",
     "plugin/turingbox_plugin/contract.py": "the plugin's one reader of its contract's variables",
 }
@@ -86,7 +87,7 @@ def environ_lines(lines: list[str]) -> list[int]:
 
 
 def test_settings_are_declared_only_in_settings_py():
-    """One table: no module but turingbox/settings.py constructs a Setting or declares one."""
+    """One table: no module but turingbox/config/table.py constructs a Setting or declares one."""
     pattern = re.compile(r"\bdeclare\(|\bSetting\(")
     outside = {}
     for rel in shipped_python():
@@ -100,7 +101,7 @@ def test_settings_are_declared_only_in_settings_py():
 
 
 def test_settings_module_imports_nothing_above_it():
-    """settings.py is the bottom layer but errors: its parsers' vocabulary lives in it (or below, in the plugin's
+    """config/table.py is the bottom layer but errors: its parsers' vocabulary lives in it (or below, in the plugin's
     contract, which the appliance and the plugin share)."""
     with open(os.path.join(REPO, SETTINGS_MODULE)) as f:
         imports = re.findall(r"^\s*(?:from|import)\s+(turingbox[\w.]*)", f.read(), re.M)

@@ -54,7 +54,7 @@ import tempfile
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
-from turingbox import settings
+from turingbox import config
 # The baked layout's marker and the copy into a cache entry are the cache's (serve seeds new entries with them).
 from turingbox.build.aot_specs.derive import default_vllm_src   # one definition (installed, TURINGBOX_VLLM_SRC, .cache)
 from turingbox.cache.flashinfer_prebuilt import MARKER, prebuilt_modules, seed_workspace
@@ -72,7 +72,7 @@ DEFAULT_AOT_DIR = "/opt/turingbox/flashinfer-aot"
 
 def aot_dir() -> str:
     """Where the baked modules are: the aot_flashinfer_dir setting (TURINGBOX_AOT_FLASHINFER_DIR), else the image's."""
-    return settings.resolve(("aot_flashinfer_dir",))["aot_flashinfer_dir"] or DEFAULT_AOT_DIR
+    return config.resolve(("aot_flashinfer_dir",))["aot_flashinfer_dir"] or DEFAULT_AOT_DIR
 
 
 # Shared memory, bytes (CUDA programming guide, compute capabilities table): per SM (what FlashInfer's
@@ -227,12 +227,13 @@ def _inventory(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _plan(gpus_json: str, settings: Mapping[str, str]) -> Plan:
-    from turingbox.plan.command import plan_from_args
+    from turingbox.plan.from_settings import plan_from_settings
     # environ: image build: plans from the given settings alone, the host's TURINGBOX_* left out
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURINGBOX_")}
     env.update(settings)
     env["TURINGBOX_GPUS_JSON"] = gpus_json
-    return plan_from_args(None, env=env, write_demo=False)
+    loaded = config.load(None, env, groups=("plan", "demo"))
+    return plan_from_settings(loaded.plan, loaded.demo, write_demo=False, environ=env)
 
 
 def plan_cases(fixtures_dir: str) -> Iterable[tuple[str, str, dict[str, str], str]]:
