@@ -32,6 +32,7 @@ import tarfile
 import tempfile
 from typing import Any, Mapping
 
+from turingbox.config import envs
 from turingbox import config
 from turingbox.build import flashinfer_aot
 from turingbox.cache import fingerprint, store
@@ -391,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
             def fetch(key: str) -> str:
                 return volume.fetch(key, work)
         # environ: host tool: the host's TURINGBOX_* go raw into the planning container, which resolves them
-        result = bake(client, a.image, desc, manifests, fetch, a.gpus_json, os.environ, a.key, a.tag, work,
+        result = bake(client, a.image, desc, manifests, fetch, a.gpus_json, envs.process_environment(), a.key, a.tag, work,
                       log=lambda m: print(m, file=sys.stderr))
     except (BakeRefused, BakeFailed) as exc:
         print(f"bake: {exc}", file=sys.stderr)

@@ -9,9 +9,9 @@ variable and the value.
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any, Iterable, Mapping
 
+from turingbox.config import envs
 from turingbox.config.table import *  # noqa: F401,F403  (the table, its vocabulary and parsers)
 from turingbox.config.table import REGISTRY, _validate
 from turingbox.config.types import (GROUPS, CacheSettings, DemoSettings, LauncherSettings, PlanSettings,
@@ -24,7 +24,7 @@ ALL_GROUPS = ("plan", "demo", "serve", "cache", "warmup")    # launcher: serve's
 
 
 def _environment(environ: Mapping[str, str] | None) -> Mapping[str, str]:
-    return os.environ if environ is None else environ
+    return envs.process_environment() if environ is None else environ
 
 
 def resolve(names: Iterable[str], args: argparse.Namespace | None = None,

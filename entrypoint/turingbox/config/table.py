@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from turingbox.config import envs
 from turingbox.errors import UsageError
 from turingbox_plugin import contract as plugin_contract
 
@@ -382,11 +383,8 @@ OTHER_VARIABLES: dict[str, str] = {
     # the plugin's own (turingbox_plugin.contract), read in vLLM's worker processes
     plugin_contract.GDN_LIB_ENV: "the plugin's prebuilt sm_75 GDN library (set by the image)",
     "TURINGBOX_BENCH_URL": "the plugin's bench tools' default URL",
-    # build and development tools, never read by `turingbox serve`
-    "TURINGBOX_VLLM_SRC": "vLLM's source for the AOT spec derivations and compile checks",
-    "TURINGBOX_FLASHINFER_SRC": "FlashInfer's source for its module derivation",
-    "TURINGBOX_CUDA_EXTRA_INCLUDE": "extra CUDA headers for the FlashInfer ahead-of-time build",
-    "TURINGBOX_CACHE_VOLUME": "the Docker volume `make warmup-cache` seeds",
+    # build and development tools, never read by `turingbox serve` (declared, and read, in config/envs.py)
+    **{name: why for name, why in envs.VARIABLES.items() if name.startswith("TURINGBOX_")},
     "TURINGBOX_VERSION": "the image's label, set at build",
     # compose's own interpolation variables (docker compose reads them, not the appliance)
     "TURINGBOX_IMAGE": "compose: the image tag",
@@ -408,12 +406,21 @@ HARNESS_VARIABLES: dict[str, str] = {
 }
 
 
+# Names that appear in the tree but are no variable of anyone: examples of what the CLI refuses or the plugin ignores
+# (the README's and the tests' typos, a retired name). Never read; the CLI refuses them like any unknown name.
+EXAMPLES_OF_NO_VARIABLE: dict[str, str] = {
+    "TURINGBOX_MAX_MODEL_LENGTH": "README.md, tests: the typo of TURINGBOX_MAX_MODEL_LEN the CLI refuses",
+    "TURINGBOX_ZZZ": "tests/unit/test_settings_cli.py: a name close to no setting",
+    "TURINGBOX_PLUGIN": "tests/plugin: a retired name, which must activate nothing in the plugin",
+}
+
+
 def unknown_variables(env: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
     """TURINGBOX_* names in the environment that are neither a setting nor another known variable, each with
     the closest known name (None when nothing is close): the typos a person makes. Lower case counts
     (turingbox_mtp): variable names are case-sensitive, so that one is ignored as surely as a misspelling."""
     import difflib
-    env = os.environ if env is None else env
+    env = envs.process_environment() if env is None else env
     prefix = "TURINGBOX_"
     known = {s.env_name for s in SETTINGS} | set(OTHER_VARIABLES)
     # Compare what follows the prefix: every name shares it, which would make any name "close" to any other.
