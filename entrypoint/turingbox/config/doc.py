@@ -3,7 +3,7 @@ its flag, variable, default, the commands that read it and its meaning.
 
 README.md's Configuration table is `turingbox settings --markdown`, pasted between marker comments
 (tests/unit/test_settings_doc.py fails when the two differ). READERS below says which commands read which
-settings; the same test checks it against the commands' parsers, and cli.py refuses a mistyped TURINGBOX_*
+settings; the same test checks it against the commands' parsers, and cli/__init__.py refuses a mistyped TURINGBOX_*
 variable (exit 2, the closest name) before any of these commands runs.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from turingbox import config as S
 
 # (command as typed, settings it takes as flags, settings it reads from their variable only). A command
-# that resolves any setting is listed here; cli.py refuses unknown TURINGBOX_* variables for exactly these.
+# that resolves any setting is listed here; cli/__init__.py refuses unknown TURINGBOX_* variables for exactly these.
 _LAUNCHER = S.LAUNCHER_SETTINGS      # warmup starts vLLM as serve does
 _WARMUP_FLAGS = S.PLAN_SETTINGS + S.CACHE_SETTINGS + S.WARMUP_SETTINGS
 READERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
