@@ -25,7 +25,6 @@ Why register() sets TRITON_CACHE_AUTOTUNING at all, when vLLM's `env_override.py
 """
 from __future__ import annotations
 
-import os
 import sys
 
 __version__ = "0.1.0"
@@ -48,6 +47,7 @@ def register() -> None:
         return
     _registered = True
     from turingbox_plugin.activation import argv_additional_config, resolve_settings
+    from turingbox_plugin import contract
 
     try:
         settings = resolve_settings(argv_additional_config(sys.argv))
@@ -64,5 +64,5 @@ def register() -> None:
         except Exception:
             pass
     for key, value in ENV_DEFAULTS.items():
-        # environ: defaults for vLLM's/Triton's own variables, set before vLLM reads them
-        os.environ.setdefault(key, value)
+        # defaults for vLLM's/Triton's own variables, set before vLLM reads them
+        contract.set_default_variable(key, value)

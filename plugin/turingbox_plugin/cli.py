@@ -43,8 +43,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 # -- verify ---------------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace) -> int:
     # the compile rows may import vLLM, whose logger writes to stdout: keep stdout the report (--json)
-    # environ: vLLM's logging variable, set before vLLM is imported
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    from turingbox_plugin import contract
+    # vLLM's logging variable, set before vLLM is imported
+    contract.set_default_variable("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     from turingbox_plugin import verify
 
     if args.compile_only:

@@ -57,8 +57,6 @@ def test_envs_registry_feeds_the_other_variables():
 
 
 SETTINGS_MODULE = "entrypoint/turingbox/config/table.py"
-ENVIRON_COMMENT = "# environ:"
-COMMENT_REACH = 10       # lines above a read that its comment may stand (one comment for a save/restore block)
 
 
 def shipped_python() -> list[str]:
@@ -159,34 +157,8 @@ def test_the_detectors_see_what_they_look_for(tmp_path):
     assert parses_a_command_line(rel) == [1]
 
 
-# The plugin's own reads of the environment (vLLM's, Triton's and CUDA's variables; it reads no TURINGBOX_* but
-# its contract's), each with a `# environ: why` comment: until they go through the contract module's reader.
-PLUGIN_ENVIRON_READERS = {
-    "plugin/turingbox_plugin/contract.py": "the plugin's one reader of its contract's variables",
-    "plugin/turingbox_plugin/__init__.py": "defaults for vLLM's/Triton's variables",
-    "plugin/turingbox_plugin/autotune.py": "Triton's TRITON_CACHE_DIR around an autotune lookup",
-    "plugin/turingbox_plugin/worker.py": "Triton's TRITON_CACHE_DIR",
-    "plugin/turingbox_plugin/doctor.py": "TRITON_PTXAS_PATH, VLLM_PLUGINS (reported)",
-    "plugin/turingbox_plugin/cli.py": "VLLM_LOGGING_STREAM",
-    "plugin/turingbox_plugin/gdn/compile.py": "CUDA_HOME",
-}
-
-
-def test_the_plugins_environment_readers_are_listed_and_commented():
-    users = {rel: environment_reads(rel) for rel in shipped_python() if rel.startswith("plugin/")}
-    users = {rel: lines for rel, lines in users.items() if lines}
-    unknown = sorted(set(users) - set(PLUGIN_ENVIRON_READERS))
-    assert not unknown, f"os.environ read in the plugin outside its listed readers: {unknown}"
-    stale = sorted(set(PLUGIN_ENVIRON_READERS) - set(users))
-    assert not stale, f"listed plugin files that no longer read os.environ: {stale}"
-    uncommented = []
-    for rel, reads in sorted(users.items()):
-        if rel.endswith("/contract.py"):
-            continue
-        with open(os.path.join(REPO, rel), errors="replace") as f:
-            lines = f.read().splitlines()
-        for n in reads:
-            window = lines[max(0, n - 1 - COMMENT_REACH):n]
-            if not any(ENVIRON_COMMENT in line for line in window):
-                uncommented.append(f"{rel}:{n}")
-    assert not uncommented, f"plugin reads without a '{ENVIRON_COMMENT} why' comment: {uncommented}"
+def test_only_the_contract_reads_the_environment_of_the_plugin():
+    """The plugin's reads (its contract's variables, and vLLM's, Triton's and CUDA's) and its writes (defaults set
+    before vLLM reads them, Triton's cache dir around an autotune lookup) all go through turingbox_plugin/contract.py."""
+    readers = {rel: lines for rel in shipped_python() if rel.startswith("plugin/") and (lines := environment_reads(rel))}
+    assert set(readers) == {"plugin/turingbox_plugin/contract.py"}, readers

@@ -277,7 +277,7 @@ def read_inventory(gpus_json: str | None, env: Mapping[str, str] | None = None,
     """The visible GPUs in CUDA order: NVML (or the JSON file), then NVIDIA_/CUDA_VISIBLE_DEVICES."""
     from turingbox.gpus.visibility import apply_visibility
 
-    # environ: NVIDIA_/CUDA_VISIBLE_DEVICES: the container runtime's and CUDA's variables, not settings
+    # NVIDIA_/CUDA_VISIBLE_DEVICES: the container runtime's and CUDA's variables, not settings
     env = envs.gpu_visibility() if env is None else env
     if source is None:
         source = JsonSource(gpus_json) if gpus_json else NvmlSource()
