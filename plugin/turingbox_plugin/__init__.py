@@ -25,9 +25,9 @@ Why register() sets TRITON_CACHE_AUTOTUNING at all, when vLLM's `env_override.py
 """
 from __future__ import annotations
 
-import os
 import sys
 
+from turingbox_plugin import contract
 from turingbox_plugin.activation import argv_additional_config, resolve_settings
 
 __version__ = "0.1.0"
@@ -65,5 +65,5 @@ def register() -> None:
         except Exception:
             pass
     for key, value in ENV_DEFAULTS.items():
-        # environ: defaults for vLLM's/Triton's own variables, set before vLLM reads them
-        os.environ.setdefault(key, value)
+        # defaults for vLLM's/Triton's own variables, set before vLLM reads them
+        contract.set_default_variable(key, value)

@@ -14,9 +14,10 @@ The decisions are pure functions; `install()` patches `triton.runtime.autotuner.
 """
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any, Callable, Iterable, Sequence
+
+from turingbox_plugin import contract
 
 _installed = False
 _lock = threading.Lock()
@@ -86,16 +87,9 @@ def install(prune_num_stages: bool, stable_cache_dir: str | None,
             if not stable_cache_dir:
                 return original_check(self, tuning_key, configs, bench_fn)
             with _lock_env:
-                # environ: Triton's autotune cache follows TRITON_CACHE_DIR in the process env
-                before = os.environ.get("TRITON_CACHE_DIR")
-                os.environ["TRITON_CACHE_DIR"] = stable_cache_dir
-                try:
+                # Triton's autotune cache follows TRITON_CACHE_DIR in the process env
+                with contract.override_variable("TRITON_CACHE_DIR", stable_cache_dir):
                     return original_check(self, tuning_key, configs, bench_fn)
-                finally:
-                    if before is None:
-                        os.environ.pop("TRITON_CACHE_DIR", None)
-                    else:
-                        os.environ["TRITON_CACHE_DIR"] = before
 
         cls.prune_configs = prune_configs
         cls.check_disk_cache = check_disk_cache

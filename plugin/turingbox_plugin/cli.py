@@ -43,8 +43,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 # -- verify ---------------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace) -> int:
     # the compile rows may import vLLM, whose logger writes to stdout: keep stdout the report (--json)
-    # environ: vLLM's logging variable, set before vLLM is imported
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    # vLLM's logging variable, set before vLLM is imported
+    contract.set_default_variable("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     # local: verify's kernels import Triton, and every `turingbox` command, serve too, registers this CLI (53 ms)
     from turingbox_plugin import verify
 

@@ -14,10 +14,11 @@ Pure: no torch, no vLLM, no appliance import.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from turingbox_plugin.model_config import DEMO_MARKER, ModelConfig, load_model_config, model_config_from_dict
 
@@ -186,3 +187,37 @@ def status_rank(parallel_config: Any, rank: int) -> int:
 def status_path(runtime_dir: str, rank: int) -> str:
     return os.path.join(runtime_dir, f"worker-{int(rank)}.json")
 
+
+
+# ---- the plugin's reads and writes of other tools' variables (vLLM's, Triton's, CUDA's) -------------------------
+# Beside the contract's own variables above, so that this module is the plugin's one reader of the environment.
+
+def environment() -> Mapping[str, str]:
+    """This process's environment (the doctor reports from it)."""
+    # environ: the plugin's one reader of the process environment
+    return os.environ
+
+
+def variable(name: str) -> str | None:
+    """Another tool's variable as set (None when unset): TRITON_CACHE_DIR, CUDA_HOME, VLLM_PLUGINS, ..."""
+    return environment().get(name)
+
+
+def set_default_variable(name: str, value: str) -> None:
+    """Give another tool's variable a default before the tool reads it; a value already set wins."""
+    os.environ.setdefault(name, value)
+
+
+@contextlib.contextmanager
+def override_variable(name: str, value: str) -> Iterator[None]:
+    """Set another tool's variable for the duration (the tool reads it from the process environment), then restore
+    it as it was."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Callable
 
+from turingbox_plugin import contract
 from turingbox_plugin.errors import ToolError
 from turingbox_plugin.model_config import load_model_config
 
@@ -70,8 +71,8 @@ def check_triton() -> Check:
 
 
 def ptxas_path(env: dict | None = None) -> str | None:
-    # environ: TRITON_PTXAS_PATH: Triton's variable, reported by the doctor
-    env = os.environ if env is None else env
+    # TRITON_PTXAS_PATH: Triton's variable, reported by the doctor
+    env = contract.environment() if env is None else env
     if env.get("TRITON_PTXAS_PATH"):
         return env["TRITON_PTXAS_PATH"]
     spec = importlib.util.find_spec("triton")
@@ -170,8 +171,8 @@ def check_entry_point() -> Check:
         return Check("plugin entry point", FAIL, "vllm.general_plugins has no 'turingbox' (pip install ./plugin)")
     if eps[0].value != "turingbox_plugin:register":
         return Check("plugin entry point", FAIL, f"'turingbox' points at {eps[0].value}")
-    # environ: VLLM_PLUGINS: vLLM's variable, reported by the doctor
-    disabled = os.environ.get("VLLM_PLUGINS")
+    # VLLM_PLUGINS: vLLM's variable, reported by the doctor
+    disabled = contract.variable("VLLM_PLUGINS")
     if disabled is not None and "turingbox" not in disabled.split(","):
         return Check("plugin entry point", WARN, f"discoverable, but VLLM_PLUGINS={disabled!r} excludes it")
     return Check("plugin entry point", PASS, "turingbox -> turingbox_plugin:register")

@@ -19,6 +19,7 @@ from vllm.v1.worker.gpu_worker import Worker
 
 from turingbox_plugin import __version__, autotune, driver, structured
 from turingbox_plugin.activation import PluginSettings, resolve_settings
+from turingbox_plugin import contract
 from turingbox_plugin.contract import status_rank
 from turingbox_plugin.gdn import hook as gdn_hook
 from turingbox_plugin.jit_accounting import JitAccountant
@@ -88,8 +89,8 @@ class TuringboxWorker(Worker):
         # patched before the model runner builds its InputBatch; each says applied or why not
         self.tb_active_paths["vllm_fixes"] = apply_all()
         self.tb_active_paths["autotune_patch"] = autotune.install(
-            # environ: TRITON_CACHE_DIR: set by the launcher for vLLM and Triton, read here as Triton reads it
-            prune_num_stages=s.prune_autotune, stable_cache_dir=os.environ.get("TRITON_CACHE_DIR"))
+            # TRITON_CACHE_DIR: set by the launcher for vLLM and Triton, read here as Triton reads it
+            prune_num_stages=s.prune_autotune, stable_cache_dir=contract.variable("TRITON_CACHE_DIR"))
         self._require(self.tb_active_paths["jit_accounting"], "Triton's post-compile hook could not be installed")
         self.tb_status.update(stage="loading", active=self.tb_active_paths)
 

@@ -10,6 +10,7 @@ from turingbox_warmup import bake
 from turingbox.cache import store
 from tests.cache.cache_helpers import make_plan
 from tests.cache.test_session import seed
+from tests.plan_factory import cache_settings
 
 
 def manifests(root):
@@ -48,7 +49,7 @@ def test_an_empty_source_is_refused(tmp_path):
 
 def test_incomplete_and_corrupt_entries_are_refused_in_one_sentence(tmp_path):
     plan = make_plan()
-    s = store.prepare_cache(plan, str(tmp_path))
+    s = store.prepare_cache(plan, cache_settings(str(tmp_path)))
     s.finish(False)
     msg = bake.entry_refusal(s.entry, plan["cache_key"], "d")
     assert msg.startswith(f"Cache entry {plan['cache_key']} in d is incomplete") and "warmup --seed-only" in msg
@@ -148,7 +149,7 @@ def test_a_copy_of_a_read_only_baked_entry_is_writable_by_its_owner(tmp_path):
             os.chmod(os.path.join(dirpath, n), 0o444)
         for n in dirs:
             os.chmod(os.path.join(dirpath, n), 0o555)
-    s = store.prepare_cache(plan, str(tmp_path / "vol"), baked_root=str(tmp_path / "baked"))
+    s = store.prepare_cache(plan, cache_settings(str(tmp_path / "vol"), baked_cache_dir=str(tmp_path / "baked")))
     assert s.status["source"] == "baked"
     for dirpath, dirs, files in os.walk(s.entry):
         for n in dirs + files:

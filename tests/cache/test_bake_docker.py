@@ -19,6 +19,7 @@ import pytest
 
 from turingbox_warmup import bake
 from turingbox.cache import store
+from plan_factory import cache_settings
 
 pytestmark = pytest.mark.docker
 
@@ -87,7 +88,7 @@ def made(client):
 
 
 def seed_entry(plan, root, complete=True):
-    s = store.prepare_cache(plan, str(root), min_free_bytes=0)
+    s = store.prepare_cache(plan, cache_settings(str(root)), min_free_bytes=0)
     for rel, data in FILES.items():
         path = os.path.join(s.entry, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)

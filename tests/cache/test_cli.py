@@ -7,6 +7,7 @@ import sys
 from turingbox.cache import store
 from tests.cache.cache_helpers import make_plan
 from tests.cache.test_session import seed
+from tests.plan_factory import cache_settings
 
 
 def cli(*args, root=None):
@@ -20,8 +21,8 @@ def cli(*args, root=None):
 def test_show_lists_entries_with_key_state_hits_and_sizes(tmp_path):
     a, b = make_plan(), make_plan(num_speculative_tokens=4)
     seed(a, tmp_path)
-    store.prepare_cache(a, str(tmp_path)).finish(True)       # one hit
-    store.prepare_cache(b, str(tmp_path)).finish(False)      # incomplete
+    store.prepare_cache(a, cache_settings(str(tmp_path))).finish(True)       # one hit
+    store.prepare_cache(b, cache_settings(str(tmp_path))).finish(False)      # incomplete
     r = cli("cache", "show", root=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = {line.split()[0]: line.split() for line in r.stdout.splitlines()[2:]}
@@ -48,7 +49,7 @@ def test_verify_passes_sound_entries_and_fails_corrupt_ones(tmp_path):
 
 
 def test_verify_treats_an_incomplete_entry_as_a_miss_not_corruption(tmp_path):
-    store.prepare_cache(make_plan(), str(tmp_path)).finish(False)
+    store.prepare_cache(make_plan(), cache_settings(str(tmp_path))).finish(False)
     r = cli("cache", "verify", root=tmp_path)
     assert r.returncode == 0 and "incomplete" in r.stdout
 

@@ -6,6 +6,7 @@ import pytest
 
 from turingbox.cache import fingerprint, store
 from tests.cache.cache_helpers import PLAN, SOFTWARE, make_plan
+from tests.plan_factory import cache_settings
 
 
 def test_same_inputs_give_the_same_key_across_dict_order():
@@ -56,11 +57,11 @@ def test_the_key_revision_changes_the_key(monkeypatch):
 def test_mtp_depth_3_and_4_get_different_keys_and_entries(tmp_path):
     p3, p4 = make_plan(num_speculative_tokens=3), make_plan(num_speculative_tokens=4)
     assert p3["cache_key"] != p4["cache_key"]
-    s3 = store.prepare_cache(p3, str(tmp_path))
+    s3 = store.prepare_cache(p3, cache_settings(str(tmp_path)))
     with open(os.path.join(s3.env["TRITON_CACHE_DIR"], "kernel.cubin"), "wb") as f:   # the engine wrote artefacts
         f.write(b"\x7fELF")
     s3.finish(True)
-    s4 = store.prepare_cache(p4, str(tmp_path))
+    s4 = store.prepare_cache(p4, cache_settings(str(tmp_path)))
     assert s4.status["result"] == "miss" and s4.entry != s3.entry
     assert s4.status["nearest"]["differences"] == ["plan.num_speculative_tokens: 3 != 4"]
     assert all(v.startswith(s4.entry) for k, v in s4.env.items() if k in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"))

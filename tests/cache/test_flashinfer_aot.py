@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from turingbox_warmup.image import flashinfer_aot as fa
+from tests.plan_factory import cache_settings
 
 FI_SRC = fa.default_flashinfer_src()
 HAVE_FI = bool(FI_SRC) and os.path.isfile(os.path.join(FI_SRC, "jit", "core.py"))
@@ -276,8 +277,6 @@ def test_a_new_cache_entry_starts_with_the_baked_modules(tmp_path):
     """prepare_cache on a miss copies TURINGBOX_AOT_FLASHINFER_DIR's modules into the entry's flashinfer/ (the
     FLASHINFER_WORKSPACE_BASE vLLM gets), as it copies the AOT Triton kernels."""
     from turingbox.cache import store
-    if "aot_flashinfer_dir" not in store.CACHE_SETTINGS:
-        pytest.skip("cache/store.py does not call seed_workspace yet (the aot_flashinfer_dir setting)")
     rec = sm75_prefill()
     aot = tmp_path / "aot"
     fa.export_module(fake_build(tmp_path, rec), str(aot), rec, {})
@@ -285,8 +284,7 @@ def test_a_new_cache_entry_starts_with_the_baked_modules(tmp_path):
               "model_config_hash": "x"}
     from turingbox.cache.fingerprint import cache_key
     plan = {"cache_inputs": inputs, "cache_key": cache_key(inputs)}
-    s = store.prepare_cache(plan, str(tmp_path / "root"), baked_root="",
-                            environ={"TURINGBOX_AOT_FLASHINFER_DIR": str(aot)})
+    s = store.prepare_cache(plan, cache_settings(str(tmp_path / "root"), {"TURINGBOX_AOT_FLASHINFER_DIR": str(aot)}, baked_cache_dir=""))
     try:
         assert s.status["result"] == "miss" and s.status["aot_flashinfer_modules"] == 1
         so = os.path.join(fa.module_dir(s.env["FLASHINFER_WORKSPACE_BASE"], "75", rec["uri"]), rec["uri"] + ".so")

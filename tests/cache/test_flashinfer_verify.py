@@ -36,7 +36,7 @@ def report(tmp_path_factory):
     pytest.importorskip("tvm_ffi")
     env = dict(os.environ, TURINGBOX_FLASHINFER_SRC=FI_SRC,
                TURINGBOX_AOT_FLASHINFER_DIR=str(tmp_path_factory.mktemp("no-baked-modules")))
-    r = subprocess.run([sys.executable, "-m", "turingbox.cli", "verify", "--compile-only", "--arch", "7.5", "--json"],
+    r = subprocess.run([sys.executable, "-m", "turingbox", "verify", "--compile-only", "--arch", "7.5", "--json"],
                        env=env, capture_output=True, text=True, timeout=1500)
     return r
 

@@ -9,16 +9,18 @@ import time
 from turingbox.cache import store
 from tests.cache.cache_helpers import make_plan, run_py, turingbox_temporaries
 from tests.waiting import wait_until
+from tests.plan_factory import cache_settings
 
 # A child process: prepare the cache for the plan in argv, record what it got, write into the entry
 # while holding it (appending start/end lines so overlapping writers would show), then finish and
 # close, as serve and warmup do at exit.
 CHILD = r"""
 import json, os, sys, time
+from turingbox import config
 from turingbox.cache import store
 plan, root, journal, hold = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
 wait = float(sys.argv[5])
-s = store.prepare_cache(plan, root, lock_wait_s=wait)
+s = store.prepare_cache(plan, config.CacheSettings(cache_dir=root, cache_lock_wait=wait))
 def note(what):
     with open(journal, "a") as f:
         f.write(json.dumps({"pid": os.getpid(), "what": what, "mode": s.mode, "result": s.status["result"],
@@ -93,19 +95,19 @@ def test_writer_killed_mid_seed_releases_the_lock_and_the_next_start_resumes(tmp
     writer.send_signal(signal.SIGKILL)
     writer.communicate(timeout=10)
     t0 = time.monotonic()
-    s = store.prepare_cache(plan, str(tmp_path / "root"), lock_wait_s=30)
+    s = store.prepare_cache(plan, cache_settings(str(tmp_path / "root"), cache_lock_wait=30))
     assert time.monotonic() - t0 < 10  # the kernel released the dead writer's lock
     assert s.mode == "shared" and s.status["result"] == "miss"
     assert json.load(open(os.path.join(s.entry, "manifest.json")))["attempts"] == 2
     s.finish(True)
-    assert store.prepare_cache(plan, str(tmp_path / "root")).status["result"] == "hit"
+    assert store.prepare_cache(plan, cache_settings(str(tmp_path / "root"))).status["result"] == "hit"
 
 
 def test_private_run_publishes_its_entry_when_the_shared_one_was_never_completed(tmp_path, plan, private_tmpdir):
     journal = tmp_path / "journal"
     writer = start_child(plan, tmp_path / "root", journal, 60.0, 30)
     wait_until(lambda: journal.exists() and journal.read_text(), 20, what="the writer's start in the journal")
-    private = store.prepare_cache(plan, str(tmp_path / "root"), lock_wait_s=0.2)
+    private = store.prepare_cache(plan, cache_settings(str(tmp_path / "root"), cache_lock_wait=0.2))
     assert private.mode == "private"
     open(os.path.join(private.env["TRITON_CACHE_DIR"], "mine.cubin"), "wb").write(b"warmed privately")
     writer.send_signal(signal.SIGKILL)  # the writer dies before completing its entry
@@ -116,4 +118,4 @@ def test_private_run_publishes_its_entry_when_the_shared_one_was_never_completed
     entry = store.entry_dir(str(tmp_path / "root"), plan["cache_key"])
     assert store.entry_problems(entry, plan["cache_key"], deep=True) == []
     assert open(os.path.join(entry, "triton", "mine.cubin"), "rb").read() == b"warmed privately"
-    assert store.prepare_cache(plan, str(tmp_path / "root")).status["result"] == "hit"
+    assert store.prepare_cache(plan, cache_settings(str(tmp_path / "root"))).status["result"] == "hit"

@@ -22,6 +22,7 @@ from turingbox.cache import store
 from turingbox.cache.seed_protocol import RESULT_PREFIX, STAGE_PREFIX
 from tests.cache.cache_helpers import make_plan
 from tests.waiting import wait_until
+from tests.plan_factory import cache_settings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -164,18 +165,18 @@ def test_what_turingbox_seeded_is_not_engine_work_and_an_empty_entry_is_never_qu
     (tmp_path / "aot" / "HASHA" / "k.cubin").write_bytes(b"aot kernel")
     env = {"TURINGBOX_AOT_TRITON_DIR": str(tmp_path / "aot")}
     for attempt in (1, 2, 3):        # more failed-to-fill starts than MAX_INCOMPLETE_ATTEMPTS
-        s = store.prepare_cache(plan, root, environ=env)
+        s = store.prepare_cache(plan, cache_settings(root, env))
         assert s.status["result"] == "miss" and s.status["quarantined"] is None
         assert store.read_manifest(s.entry)["attempts"] == attempt
         assert "triton/HASHA/k.cubin" in store.read_manifest(s.entry)["seeded_files"]
         s.finish(True)               # warm, by the engine's account, yet only the AOT kernel is there
         assert s.status["completed"] is False and store.read_manifest(s.entry)["completed"] is None
         assert store.entry_problems(s.entry, plan["cache_key"]) == [store.INCOMPLETE]
-    s = store.prepare_cache(plan, root, environ=env)
+    s = store.prepare_cache(plan, cache_settings(root, env))
     with open(os.path.join(s.env["TRITON_CACHE_DIR"], "HASHA", "k.cubin"), "wb") as f:
         f.write(b"the engine's own build of it")      # a seeded file rewritten is the engine's work
     s.finish(True)
     assert s.status["completed"] is True
-    hit = store.prepare_cache(plan, root, environ=env)
+    hit = store.prepare_cache(plan, cache_settings(root, env))
     assert hit.status["result"] == "hit"
     hit.finish(True)

@@ -666,11 +666,11 @@ def first_check(url: str, model: str) -> dict:
 # Refusals that are turingbox's own (the plugin's API-server check), where plain vLLM 0.21 fails the same request
 # with a 500 (vllm#53665's kin: allowed_token_ids that cannot start the structured output). A 4xx here against
 # plain vLLM's 5xx is the fix, not a difference to explain; any other status difference is.
-TURINGBOX_OWN_REFUSALS = ("allowed_token_ids and structured_outputs leave no token to generate",)
+OWN_REFUSALS = ("allowed_token_ids and structured_outputs leave no token to generate",)
 # turingbox's admission limits (serve/admission.py) name the setting they refuse by, "(TURINGBOX_MAX_TOTAL_TOKENS)":
 # the plan's limits, turingbox's own refusals whatever plain vLLM answers (the CPU stand-in does not check
 # prompt + max_tokens against max_model_len, so it answers 200 where vLLM 0.21 and the sidecar answer 400).
-TURINGBOX_ADMISSION_MARK = "(TURINGBOX_"
+ADMISSION_MARK = "(TURINGBOX_"
 STREAM_INTERNAL_ERROR = "200+internal-error"
 
 
@@ -692,19 +692,19 @@ def is_admission_refusal(m: dict) -> bool:
     """A replay mismatch whose soak side is a refusal by turingbox's admission limits (4xx, or an error event in a
     200 stream, naming a TURINGBOX_ setting)."""
     soak_o = m.get("soak_outcome") or str(m.get("soak_status"))
-    return (soak_o[:1] == "4" or soak_o == "200+error") and TURINGBOX_ADMISSION_MARK in (m.get("soak_error") or "")
+    return (soak_o[:1] == "4" or soak_o == "200+error") and ADMISSION_MARK in (m.get("soak_error") or "")
 
 
 def split_replay_mismatches(mismatches: list[dict]) -> tuple[list[dict], list[dict]]:
     """(turingbox's own refusals, every other mismatch). Own: a refusal by turingbox's admission limits (whatever
-    plain vLLM answered), or one of TURINGBOX_OWN_REFUSALS where plain vLLM failed internally. A refusal is a 400,
+    plain vLLM answered), or one of OWN_REFUSALS where plain vLLM failed internally. A refusal is a 400,
     or an error event in a 200 stream; plain's failure a 5xx or an internal error in its stream."""
     own, other = [], []
     for m in mismatches:
         soak_o = m.get("soak_outcome") or str(m.get("soak_status"))
         plain_o = m.get("plain_outcome") or str(m.get("plain_status"))
         ours = is_admission_refusal(m) or soak_o in ("400", "200+error") and _failed(plain_o) \
-            and any(t in (m.get("soak_error") or "") for t in TURINGBOX_OWN_REFUSALS)
+            and any(t in (m.get("soak_error") or "") for t in OWN_REFUSALS)
         (own if ours else other).append(m)
     return own, other
 

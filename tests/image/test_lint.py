@@ -98,7 +98,7 @@ def test_seed_job_runs_seed_only_warmup_on_a_gpu():
 
 
 def declared_env_names() -> set[str]:
-    from turingbox import settings     # the one table: every setting, no command module needed
+    from turingbox import config as settings     # the one table: every setting, no command module needed
     return {s.env_name for s in settings.REGISTRY.values()}
 
 

@@ -21,7 +21,7 @@ from tests.sidecar.sidecar_harness import H200, make_model_dir
 
 from turingbox import cli, settings as S
 from turingbox.errors import UsageError
-from turingbox.settings import PLAN_SETTINGS      # the one table: REGISTRY holds every setting
+from turingbox.config import PLAN_SETTINGS      # the one table: REGISTRY holds every setting
 
 ALL = sorted(S.REGISTRY)
 PATHLIKE = {"model", "gpus_json", "runtime_dir", "models_dir", "plan_file", "cache_dir", "baked_cache_dir",
@@ -149,7 +149,7 @@ def test_every_other_setting_resolves_or_says_one_sentence(name, value):
     s = S.REGISTRY[name]
     TRIED["other settings env"] += 1
     try:
-        S.resolve([name], env={s.env_name: value})
+        S.resolve([name], environ={s.env_name: value})
     except UsageError as exc:
         text = str(exc)
         assert "\n" not in text and s.env_name in text and text.endswith("."), text

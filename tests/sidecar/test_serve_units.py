@@ -11,6 +11,7 @@ from turingbox.serve import stages
 from turingbox.engine.launch import (flag_value, mask_argv, strict_warmup_problems, vllm_argv, vllm_env,
                                      worker_check)
 from turingbox.serve.controller import cache_is_warm, check_passthrough, make_redactor, public_plan
+from turingbox import config
 from turingbox.serve.options import api_key_state
 from turingbox.serve.metrics import route_label
 from turingbox.engine.supervisor import describe_exit
@@ -184,10 +185,13 @@ def test_the_plans_engine_start_method_is_a_default_the_operator_overrides():
 
 
 def test_api_key_state():
-    on, line = api_key_state("sk-9f3Q", {"TURINGBOX_API_KEY": "sk-9f3Q"})
+    def state(env):
+        return api_key_state(config.load(None, env, groups=("serve",)).serve)
+
+    on, line = state({"TURINGBOX_API_KEY": "sk-9f3Q"})
     assert on is True and line.startswith("API key: on") and "sk-9f3Q" not in line
-    assert api_key_state(None, {"TURINGBOX_API_KEY": ""}) == (False, "API key: off (TURINGBOX_API_KEY is set but empty)")
-    assert api_key_state(None, {}) == (False, "API key: off (TURINGBOX_API_KEY is not set)")
+    assert state({"TURINGBOX_API_KEY": ""}) == (False, "API key: off (TURINGBOX_API_KEY is set but empty)")
+    assert state({}) == (False, "API key: off (TURINGBOX_API_KEY is not set)")
 
 
 def test_redaction():

@@ -1,7 +1,7 @@
 """compose.yaml passes every user-facing setting through; the rest are fixed by the image on purpose."""
 from pathlib import Path
 
-from turingbox import settings
+from turingbox import config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -17,7 +17,7 @@ IMAGE_INTERNAL = {
 
 def test_every_user_facing_setting_reaches_the_container():
     compose = (REPO / "compose.yaml").read_text()
-    names = {s.env_name for s in settings.REGISTRY.values()}
+    names = {s.env_name for s in config.REGISTRY.values()}
     missing = sorted(n for n in names - IMAGE_INTERNAL if f"- {n}" not in compose and f"{n}=" not in compose)
     assert not missing, f"compose.yaml does not pass through: {missing}"
     assert IMAGE_INTERNAL <= names, f"stale names in IMAGE_INTERNAL: {sorted(IMAGE_INTERNAL - names)}"

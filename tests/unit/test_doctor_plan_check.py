@@ -33,7 +33,7 @@ def plan_line(r: subprocess.CompletedProcess) -> dict:
 
 def test_the_appliance_registers_its_plan_check():
     eps = {ep.name: ep.value for ep in entry_points(group="turingbox_plugin.doctor_checks")}
-    assert eps.get("plan") == "turingbox.plan.doctor_check:check_plan"
+    assert eps.get("plan") == "turingbox.cli.doctor_check:check_plan"
 
 
 def test_doctor_plans_the_demo_by_default_from_turingbox_gpus_json():

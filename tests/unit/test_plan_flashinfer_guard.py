@@ -14,8 +14,9 @@ import pytest
 
 from turingbox.errors import PlanError
 from turingbox.gpus.inventory import read_inventory
-from turingbox.plan import command as plan_command
+from turingbox.plan import from_settings as plan_command
 from turingbox.plan.planner import flashinfer_sm75_problem, make_plan
+from plan_factory import plan_settings
 from turingbox_plugin.model_config import load_model_config
 
 from tests.unit.test_planner import FIXTURES, SOFTWARE, write_model  # noqa: E402
@@ -52,7 +53,7 @@ FINE = ["0.6.8", "0.6.8.post1", "0.6.9", "0.6.16", "0.6.16.post4", "0.7.4", "abs
 @pytest.mark.parametrize("fixture", ["2x2080ti-22g", "4x2080ti-22g", "8x2080ti-22g"])
 def test_sm75_flashinfer_refused_for_broken_versions(awq_model, fixture, version):
     with pytest.raises(PlanError) as err:
-        make_plan(inv(fixture), awq_model, {}, software(version))
+        make_plan(inv(fixture), awq_model, plan_settings({}), software(version))
     text = str(err.value)
     assert f"flashinfer-python {version}" in text and "0.6.16" in text and "#3528" in text and "#3526" in text
     assert "65,536" in text and "head_dim-256" in text and "\n" not in text
@@ -62,18 +63,18 @@ def test_sm75_flashinfer_refused_for_broken_versions(awq_model, fixture, version
 
 @pytest.mark.parametrize("version", FINE)
 def test_sm75_flashinfer_planned_for_good_versions(awq_model, version):
-    plan = make_plan(inv("2x2080ti-22g"), awq_model, {}, software(version))
+    plan = make_plan(inv("2x2080ti-22g"), awq_model, plan_settings({}), software(version))
     assert plan.attention_backend == "FLASHINFER" and plan.compute_capability == "7.5"
     assert plan.cache_inputs["software"]["flashinfer-python"] == version
 
 
 def test_explicit_flashinfer_override_is_refused_too(awq_model):
     with pytest.raises(PlanError, match="flashinfer-python 0.6.13"):
-        make_plan(inv("2x2080ti-22g"), awq_model, {"attention_backend": "FLASHINFER"}, software("0.6.13"))
+        make_plan(inv("2x2080ti-22g"), awq_model, plan_settings({"attention_backend": "FLASHINFER"}), software("0.6.13"))
 
 
 def test_other_backend_on_sm75_is_not_affected(awq_model):
-    plan = make_plan(inv("2x2080ti-22g"), awq_model, {"attention_backend": "TRITON_ATTN", "kv_cache_dtype": "fp8_e5m2"},
+    plan = make_plan(inv("2x2080ti-22g"), awq_model, plan_settings({"attention_backend": "TRITON_ATTN", "kv_cache_dtype": "fp8_e5m2"}),
                      software("0.6.13"))
     assert plan.attention_backend == "TRITON_ATTN"
 
@@ -84,16 +85,16 @@ def test_other_archs_with_flashinfer_are_not_affected(awq_model, tmp_path):
              "memory_total_mib": 24576, "memory_free_mib": 24000, "pci_bus_id": "00000000:01:00.0"}]
     path = tmp_path / "3090.json"
     path.write_text(json.dumps(gpus))
-    plan = make_plan(read_inventory(str(path), {}), awq_model, {}, software("0.6.13"))
+    plan = make_plan(read_inventory(str(path), {}), awq_model, plan_settings(), software("0.6.13"))
     assert plan.attention_backend == "FLASHINFER" and plan.compute_capability == "8.6"
-    h200 = make_plan(inv("1xh200"), awq_model, {"attention_backend": "FLASHINFER", "dtype": "bfloat16"},
+    h200 = make_plan(inv("1xh200"), awq_model, plan_settings({"attention_backend": "FLASHINFER", "dtype": "bfloat16"}),
                      software("0.6.13"))
     assert h200.attention_backend == "FLASHINFER"
 
 
 def test_small_head_dim_is_not_affected(small_head_model):
     # head_dim 64: two CTAs per SM halve the per-block budget, so the padded struct stays far below 64 KiB.
-    plan = make_plan(inv("2x2080ti-22g"), small_head_model, {}, software("0.6.13"))
+    plan = make_plan(inv("2x2080ti-22g"), small_head_model, plan_settings({}), software("0.6.13"))
     assert plan.attention_backend == "FLASHINFER"
 
 

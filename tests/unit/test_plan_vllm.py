@@ -23,6 +23,7 @@ from tests.unit.test_planner import AWQ, FIXTURES, SOFTWARE, write_model
 from turingbox.gpus.inventory import read_inventory
 from turingbox.errors import UsageError
 from turingbox.plan.planner import make_plan
+from plan_factory import plan_settings
 from turingbox_plugin.model_config import load_model_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +87,7 @@ def _plans(tmp_path_factory):
         for model in models:
             for s in SETTINGS:
                 try:
-                    plan = make_plan(read_inventory(str(f), {}), model, s, SOFTWARE)
+                    plan = make_plan(read_inventory(str(f), {}), model, plan_settings(s), SOFTWARE)
                 except UsageError:      # refusals are the planner's own tests
                     continue
                 out.append((f"{f.stem}-{Path(model.path).name}-{json.dumps(s, sort_keys=True)}", plan, model))
@@ -190,7 +191,7 @@ def test_dp_engines_of_a_dense_model_each_run_the_strict_warmup(vllm_cpu, tmp_pa
 
     model = load_model_config(write_model(tmp_path, "qwen-bf16"))
     assert not model.is_moe
-    plan = make_plan(read_inventory(str(FIXTURES / "8xh100.json"), {}), model, {"objective": "throughput"}, SOFTWARE)
+    plan = make_plan(read_inventory(str(FIXTURES / "8xh100.json"), {}), model, plan_settings(objective="throughput"), SOFTWARE)
     assert plan.plugin.strict_warmup and plan.data_parallel_size >= 2, (plan.tensor_parallel_size, plan.reasons)
 
     source = inspect.getsource(core.EngineCoreProc.run_engine_core)

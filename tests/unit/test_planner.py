@@ -18,6 +18,8 @@ from turingbox.gpus.inventory import read_inventory
 from turingbox.plan import memory as mem
 from turingbox.plan import planner
 from turingbox.plan.planner import legal_tps, make_plan, tp_problem
+from plan_factory import plan_settings
+from turingbox.config import PlanSettings
 from turingbox_plugin.model_config import load_model_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,7 +76,7 @@ def models(tmp_path_factory):
 
 def plan_for(models, inventory: str, model: str = "awq", env: dict | None = None, **settings):
     inv = read_inventory(fixture(inventory), env or {})
-    return make_plan(inv, models[model], settings, SOFTWARE)
+    return make_plan(inv, models[model], plan_settings(settings), SOFTWARE)
 
 
 def uuids(inventory: str) -> list[str]:
@@ -387,7 +389,7 @@ ERROR_CASES = [
     ("tp-3-illegal", "4x2080ti-22g", "awq", {"tensor_parallel_size": 3}, None, UsageError, ["--tensor-parallel-size/TURINGBOX_TP 3", "KV heads"]),
     ("tp-more-than-gpus", "4x2080ti-22g", "awq", {"tensor_parallel_size": 8}, None, UsageError, ["8", "4 identical"]),
     ("mtp-on-model-without-head", "4x2080ti-22g", "nomtp", {"mtp": 2}, None, UsageError, ["TURINGBOX_MTP 2", "no MTP head"]),
-    ("mtp-out-of-range", "4x2080ti-22g", "awq", {"mtp": 9}, None, UsageError, ["TURINGBOX_MTP 9"]),
+    ("mtp-out-of-range", "4x2080ti-22g", "awq", {"mtp": 9}, None, UsageError, ["TURINGBOX_MTP '9'"]),
     ("context-beyond-model", "4x2080ti-22g", "awq", {"max_model_len": 300000}, None, UsageError, ["300000", "262144"]),
     ("min-len-beyond-model", "1xh200", "bf16", {"min_model_len": 300000}, None, UsageError,
      ["--min-model-len/TURINGBOX_MIN_MODEL_LEN 300000", "the model's 262144-token context", "max_position_embeddings"]),
@@ -536,7 +538,7 @@ def test_cache_key_is_stable_and_tracks_kernel_inputs(models):
     assert a.cache_key == b.cache_key != c.cache_key
     assert a.cache_inputs["plan"]["tensor_parallel_size"] == 4
     assert a.cache_inputs["software"]["vllm"] == "0.21.0"
-    d = make_plan(read_inventory(fixture("4x2080ti-22g"), {}), models["awq"], {},
+    d = make_plan(read_inventory(fixture("4x2080ti-22g"), {}), models["awq"], plan_settings(),
                   dict(SOFTWARE, vllm="0.21.1"))
     assert d.cache_key != a.cache_key
 
@@ -547,7 +549,7 @@ def test_free_memory_drives_gpu_choice(models):
     inv[0]["memory_free_mib"] = 20000
     from turingbox.gpus.inventory import gpu_from_dict
     gpus = [gpu_from_dict(g, "test") for g in inv]
-    plan = make_plan(gpus, models["awq"], {}, SOFTWARE)
+    plan = make_plan(gpus, models["awq"], plan_settings(), SOFTWARE)
     assert plan.gpus == (inv[1]["uuid"], inv[2]["uuid"])
     assert plan.excluded_gpus[0]["index"] == 0
 
@@ -572,7 +574,7 @@ def test_explicit_len_is_kept_exactly_when_one_sequence_fits(models):
     inv = read_inventory(fixture("2x2080ti-22g"), {})
     for util in (0.5, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9):
         try:
-            p = make_plan(inv, models["awq"], dict(SEED_COMMAND, gpu_memory_utilization=util), SOFTWARE)
+            p = make_plan(inv, models["awq"], plan_settings(SEED_COMMAND, gpu_memory_utilization=util), SOFTWARE)
         except PlanError:
             continue
         m = p.memory
@@ -601,7 +603,7 @@ def test_prompt_logprobs_slices_fit_in_what_the_plan_keeps_outside_vllms_budget(
 
 def test_default_floor_is_no_refusal_below_it(models):
     """The declared min_model_len (4096) is a floor "at most what was asked": a shorter context still plans."""
-    assert planner.DEFAULTS["min_model_len"] == 4096
+    assert PlanSettings().min_model_len == 4096
     assert plan_for(models, "1xh200", "bf16", max_model_len=2048).max_model_len == 2048
     short = dataclasses.replace(models["bf16"], max_position_embeddings=2048)
     assert plan_for({"short": short}, "1xh200", "short").max_model_len == 2048

@@ -1,6 +1,6 @@
 """The plugin's settings come from the appliance's, resolved once: every key the engine launcher hands the
 plugin in --additional-config '{"turingbox": {...}}' (and every variable of the plan's env the plugin reads) is a
-field of the plugin's PluginSettings and is listed in turingbox.settings (PLUGIN_CONFIG / PLUGIN_ENV) with the
+field of the plugin's PluginSettings and is listed in turingbox.config (PLUGIN_CONFIG / PLUGIN_ENV) with the
 declared setting(s) it comes from; changing such a setting changes what the plugin gets."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from turingbox import settings as S
+from turingbox import config as S
 from turingbox.engine.launch import flag_value, vllm_argv
-from turingbox.plan.command import plan_from_args
+from plan_factory import plan_from_env
 from turingbox_plugin.activation import CONFIG_KEY, PluginSettings, resolve_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def model_dir(tmp_path_factory):
 
 def handed(model_dir: str, **env: str) -> tuple[dict, dict]:
     """(the plugin's section of the launched argv's --additional-config, the plan's env) for these settings."""
-    plan = plan_from_args(None, {"TURINGBOX_GPUS_JSON": H200, "TURINGBOX_MODEL": model_dir, **env})
+    plan = plan_from_env({"TURINGBOX_GPUS_JSON": H200, "TURINGBOX_MODEL": model_dir, **env})
     argv = vllm_argv(_get(plan, "vllm_args"), 8001, [], None)      # what the launcher starts vLLM with
     return json.loads(flag_value(argv, "--additional-config"))[CONFIG_KEY], dict(_get(plan, "env") or {})
 

@@ -21,7 +21,7 @@ from typing import Callable
 import httpx
 import pytest
 
-from turingbox import settings as S
+from turingbox import config as S
 
 from tests.waiting import wait_until
 

@@ -5,15 +5,18 @@ import argparse
 
 import pytest
 
-from turingbox import settings as S
+from turingbox import config as S
 from turingbox.errors import UsageError
-from turingbox.plan.command import PLAN_SETTINGS
+
+PLAN_SETTINGS = S.PLAN_SETTINGS
 
 
 def parse(argv, env=None):
+    """The plan and demo settings `turingbox plan` loads from these flags and variables, by name."""
     parser = argparse.ArgumentParser()
     S.add_arguments(parser, PLAN_SETTINGS)
-    return S.resolve(PLAN_SETTINGS, parser.parse_args(argv), env or {})
+    loaded = S.load(parser.parse_args(argv), env or {}, groups=("plan", "demo"))
+    return {name: getattr(group, name) for group in (loaded.plan, loaded.demo) for name in group.setting_names()}
 
 
 def test_every_plan_setting_is_declared_with_flag_and_env():
@@ -87,16 +90,28 @@ def test_one_table_in_order_and_complete_without_feature_imports():
 
 
 def test_defaults_are_written_once():
-    """planner.DEFAULTS and ServeOptions' defaults are the table's (its `cache` field carries CACHE_SETTINGS,
-    resolved at serve's edge, and is empty by default)."""
-    import dataclasses
-
-    from turingbox.plan import planner
+    """Each typed group's defaults are the table's, in the table's names (ServeOptions is ServeSettings), and the
+    machine-dependent ones are computed when the settings are made, not when the table is imported."""
     from turingbox.serve.options import ServeOptions
-    assert planner.DEFAULTS == {n: S.REGISTRY[n].default for n in S.PLANNER_SETTINGS}
-    fields = {f.name: f.default for f in dataclasses.fields(ServeOptions) if f.name != "cache"}
-    assert fields == {n: S.REGISTRY[n].default for n in S.SERVE_SETTINGS}
-    assert ServeOptions().cache == {}
+    assert ServeOptions is S.ServeSettings
+    for group, (cls, names) in S.GROUPS.items():
+        assert cls.setting_names() == names, group
+        made = cls()
+        assert {n: getattr(made, n) for n in names} == {n: S.REGISTRY[n].default_value() for n in names}, group
+    for name in ("cache_dir", "models_dir", "runtime_dir"):
+        assert S.REGISTRY[name].default is None and S.REGISTRY[name].default_factory is not None
+
+
+def test_machine_dependent_defaults_follow_the_environment_of_the_load(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)          # gettempdir() reads TMPDIR again
+    loaded = S.load(None, {}, groups=("plan", "demo", "cache"))
+    assert loaded.cache.cache_dir == str(tmp_path / ".cache" / "turingbox")
+    assert loaded.demo.models_dir == str(tmp_path / ".cache" / "turingbox" / "models")
+    assert loaded.plan.runtime_dir == str(tmp_path / "tmp" / "turingbox-runtime")
 
 
 def test_vocabulary_lives_below_the_planner():
@@ -104,10 +119,15 @@ def test_vocabulary_lives_below_the_planner():
     assert (arch.MTP_MAX, arch.BACKENDS, arch.KV_DTYPES) == (S.MTP_MAX, S.BACKENDS, S.KV_DTYPES)
 
 
-def test_explicit_and_env_state():
+def test_given_and_empty_variables():
     args = argparse.Namespace(demo_awq="1")
-    assert S.explicit("demo_awq", args, {}) and not S.explicit("demo_layers", args, {})
-    assert S.explicit("demo_layers", None, {"TURINGBOX_DEMO_LAYERS": "8"})
-    assert not S.explicit("demo_layers", None, {"TURINGBOX_DEMO_LAYERS": ""})
-    assert [S.env_state("api_key", e) for e in ({"TURINGBOX_API_KEY": "k"}, {"TURINGBOX_API_KEY": ""}, {})] \
-        == ["set", "empty", "unset"]
+    demo = S.load_group("demo", args, {})
+    assert "demo_awq" in demo.given and "demo_layers" not in demo.given and demo.variant_given
+    assert "demo_layers" in S.load_group("demo", None, {"TURINGBOX_DEMO_LAYERS": "8"}).given
+    unset = S.load_group("demo", None, {"TURINGBOX_DEMO_LAYERS": ""})
+    assert not unset.variant_given and unset.empty_variables == {"demo_layers"}
+    assert [("api_key" in S.load_group("serve", None, e).given, "api_key" in S.load_group("serve", None, e).empty_variables)
+            for e in ({"TURINGBOX_API_KEY": "k"}, {"TURINGBOX_API_KEY": ""}, {})] \
+        == [(True, False), (False, True), (False, False)]
+    assert S.given_value("runtime_dir", None, {"TURINGBOX_RUNTIME_DIR": "/r"}) == "/r"
+    assert S.given_value("runtime_dir", None, {}) is None

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from turingbox import settings as S
-from turingbox import settings_doc as D
+from turingbox import config as S
+from turingbox.config import doc as D
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GPUS = os.path.join(REPO, "tests", "fixtures", "gpus", "1xh200.json")

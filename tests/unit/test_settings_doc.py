@@ -9,8 +9,8 @@ import re
 import subprocess
 import sys
 
-from turingbox import settings as S
-from turingbox import settings_doc as D
+from turingbox import config as S
+from turingbox.config import doc as D
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BEGIN = "<!-- BEGIN: `turingbox settings --markdown`"
@@ -59,7 +59,7 @@ def test_json_lists_every_setting_with_its_readers():
         row = by_name[s.name]
         assert (row["variable"], row["flag"], row["meaning"]) == (s.env_name, s.flag_name, s.help)
         assert row["read_by"], f"{s.env_name}: no command reads it (settings_doc.READERS)"
-        assert row["default"] == (None if s.secret else s.default)
+        assert row["default"] == (None if s.secret else s.default_value())
     assert by_name["max_model_len"]["read_by"][:2] == [{"command": "plan", "as": "flag"},
                                                        {"command": "serve", "as": "flag"}]
     assert {"command": "serve", "as": "variable"} in by_name["cache_dir"]["read_by"]

@@ -32,7 +32,8 @@ import tarfile
 import tempfile
 from typing import Any, Mapping
 
-from turingbox import settings
+from turingbox import config
+from turingbox.config import envs
 from turingbox_warmup.image import flashinfer_aot
 from turingbox.cache import fingerprint, store
 
@@ -360,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-volume", metavar="NAME", help="named cache volume filled by `make warmup-cache`")
     src.add_argument("--from-dir", metavar="PATH", help="cache root, cache entry, or a tarball of either")
-    p.add_argument("--gpus-json", default=settings.resolve(("gpus_json",))["gpus_json"],
+    p.add_argument("--gpus-json", default=config.resolve(("gpus_json",))["gpus_json"],
                    help="the GPUs the baked image is for (inventory JSON; env TURINGBOX_GPUS_JSON); "
                         "default: this host's GPUs via NVML inside the image")
     p.add_argument("--key", help="bake this entry (it must still match the plan)")
@@ -391,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
             def fetch(key: str) -> str:
                 return volume.fetch(key, work)
         # environ: host tool: the host's TURINGBOX_* go raw into the planning container, which resolves them
-        result = bake(client, a.image, desc, manifests, fetch, a.gpus_json, os.environ, a.key, a.tag, work,
+        result = bake(client, a.image, desc, manifests, fetch, a.gpus_json, envs.process_environment(), a.key, a.tag, work,
                       log=lambda m: print(m, file=sys.stderr))
     except (BakeRefused, BakeFailed) as exc:
         print(f"bake: {exc}", file=sys.stderr)

@@ -8,11 +8,11 @@ and sizes; exits non-zero when the seed fails.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any, Iterable, Mapping
 
 from turingbox.cache.seed_protocol import STAGES, is_result, result_of, stage_of
+from turingbox.config import envs
 
 CACHE_MOUNT = "/cache"
 # compose.yaml names its cache volume `cache`; compose prefixes it with the project name.
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make warmup-cache", description=__doc__.splitlines()[0])
     p.add_argument("--image", required=True, help="the appliance image (turingbox:VERSION)")
     # environ: host tool: the Docker volume name (documented in test_settings_names), not a setting
-    p.add_argument("--volume", default=os.environ.get("TURINGBOX_CACHE_VOLUME", DEFAULT_VOLUME),
+    p.add_argument("--volume", default=envs.cache_volume(DEFAULT_VOLUME),
                    help=f"named cache volume (default {DEFAULT_VOLUME}, env TURINGBOX_CACHE_VOLUME)")
     p.add_argument("extra", nargs="*", help="extra arguments for `turingbox warmup --seed-only`")
     a = p.parse_args(argv)
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warmup-cache: image {a.image} is not present here; build it with `make image`.", file=sys.stderr)
         return 2
     # environ: host tool: the host's TURINGBOX_* go raw into the warmup container, which resolves them
-    return run(client, a.image, a.volume, os.environ, a.extra)
+    return run(client, a.image, a.volume, envs.process_environment(), a.extra)
 
 
 if __name__ == "__main__":

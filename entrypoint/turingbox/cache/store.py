@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 
 import filelock
 
-from turingbox import settings
+from turingbox.config import CacheSettings
 from turingbox.cache import fingerprint
 from turingbox.cache.flashinfer_prebuilt import seed_workspace
 from turingbox.errors import UsageError
@@ -59,8 +59,7 @@ INCOMPLETE = "entry is incomplete (its manifest was never completed)"
 NO_ARTEFACTS = "entry holds no compile artefacts (the start that completed it never reached a real engine)"
 
 # cache_dir, baked_cache_dir, cache_lock_wait, aot_triton_dir, aot_flashinfer_dir, aot_modelinfos_dir: declared in
-# turingbox.settings
-CACHE_SETTINGS = settings.CACHE_SETTINGS
+# turingbox.config, handed in typed (CacheSettings)
 
 
 def utc_now() -> str:
@@ -626,22 +625,13 @@ def plan_fingerprint(plan: Any) -> tuple[str, dict[str, Any]]:
     return key, inputs
 
 
-def prepare_cache(plan: Any, cache_root: str | None = None, *, baked_root: str | None = None,
-                  lock_wait_s: float | None = None, min_free_bytes: int = MIN_FREE_BYTES,
-                  environ: Mapping[str, str] | None = None,
-                  settings_values: Mapping[str, Any] | None = None) -> CacheSession:
-    """Choose (and if needed repair or create) the cache entry for `plan`; see the module doc.
-
-    cache_root / baked_root / lock_wait_s default to the settings cache_dir / baked_cache_dir /
-    cache_lock_wait resolved from the environment, or taken from settings_values (the CACHE_SETTINGS the
-    caller resolved at its edge).
-    """
+def prepare_cache(plan: Any, settings: CacheSettings, *, min_free_bytes: int = MIN_FREE_BYTES) -> CacheSession:
+    """Choose (and if needed repair or create) the cache entry for `plan` under settings.cache_dir (consulting
+    settings.baked_cache_dir, waiting settings.cache_lock_wait for another writer); see the module doc."""
     key, inputs = plan_fingerprint(plan)
-    resolved = (dict(settings_values) if settings_values is not None
-                else settings.resolve(CACHE_SETTINGS, None, environ))
-    root = os.path.abspath(cache_root or resolved["cache_dir"])
-    baked = baked_root if baked_root is not None else resolved["baked_cache_dir"]
-    wait = resolved["cache_lock_wait"] if lock_wait_s is None else lock_wait_s
+    root = os.path.abspath(settings.cache_dir)
+    baked = settings.baked_cache_dir
+    wait = settings.cache_lock_wait
     status: dict[str, Any] = {"key": key, "root": root, "baked_root": baked, "inputs": dict(inputs),
                               "quarantined": None, "nearest": None, "events": []}
     baked_entry = _matching_source(baked, key, inputs, "baked", status)
@@ -652,25 +642,25 @@ def prepare_cache(plan: Any, cache_root: str | None = None, *, baked_root: str |
         for sub, _var in CACHES.values():
             os.makedirs(os.path.join(entry, sub), exist_ok=True)
         before = cache_file_stamps(entry) if result == "miss" else {}
-        if result == "miss" and resolved["aot_triton_dir"]:
-            added = seed_aot_kernels(resolved["aot_triton_dir"], os.path.join(entry, CACHES["triton"][0]))
+        if result == "miss" and settings.aot_triton_dir:
+            added = seed_aot_kernels(settings.aot_triton_dir, os.path.join(entry, CACHES["triton"][0]))
             status["aot_kernels"] = added
             if added:
                 _event(status, logging.INFO, f"cache entry {key}: {added} ahead-of-time Triton files from "
-                       f"{resolved['aot_triton_dir']}")
+                       f"{settings.aot_triton_dir}")
         if result == "miss":
-            sources = modelinfo_sources(resolved["aot_modelinfos_dir"], [shared_root or root, baked], key, inputs)
+            sources = modelinfo_sources(settings.aot_modelinfos_dir, [shared_root or root, baked], key, inputs)
             copied = seed_modelinfos(sources, os.path.join(entry, CACHES["vllm"][0]))
             status["modelinfos"] = sum(copied.values())
             if copied:
                 _event(status, logging.INFO, f"cache entry {key}: {status['modelinfos']} vLLM model-info files from "
                        f"{', '.join(copied)} (vLLM skips inspecting those model classes)")
-        if result == "miss" and resolved["aot_flashinfer_dir"]:
-            modules = seed_workspace(resolved["aot_flashinfer_dir"], os.path.join(entry, CACHES["flashinfer"][0]))
+        if result == "miss" and settings.aot_flashinfer_dir:
+            modules = seed_workspace(settings.aot_flashinfer_dir, os.path.join(entry, CACHES["flashinfer"][0]))
             status["aot_flashinfer_modules"] = modules
             if modules:
                 _event(status, logging.INFO, f"cache entry {key}: {modules} ahead-of-time FlashInfer modules from "
-                       f"{resolved['aot_flashinfer_dir']}")
+                       f"{settings.aot_flashinfer_dir}")
         if result == "miss":
             _record_seeded(entry, {p: st for p, st in cache_file_stamps(entry).items() if before.get(p) != st})
         status.update(mode=mode, entry=entry, result=result, source=source,

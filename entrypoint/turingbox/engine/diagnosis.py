@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from turingbox.settings import REGISTRY
+from turingbox.config import REGISTRY
 
 _UTIL = REGISTRY["gpu_memory_utilization"].env_name
 _CONTEXT = REGISTRY["max_model_len"].env_name

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 import httpx
+from turingbox.config import envs
 
 
 VLLM_MODULE = ("-m", "vllm.entrypoints.cli.main")
@@ -25,7 +26,7 @@ MASK = "***"
 def parent_env() -> Mapping[str, str]:
     """The environment vLLM inherits: this process's own. The one place the appliance reads the ambient
     environment for the engine (serve and warmup build vLLM's environment from it with vllm_env)."""
-    return os.environ
+    return envs.process_environment()
 
 
 def vllm_argv(vllm_args: Sequence[str], upstream_port: int, passthrough: list[str], vllm_command: str | None,

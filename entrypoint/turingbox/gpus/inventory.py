@@ -14,6 +14,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
+from turingbox.config import envs
 from turingbox.errors import PlanError, UsageError
 
 INVENTORY_FIELDS = ("index", "uuid", "name", "compute_capability", "memory_total_mib",
@@ -276,8 +277,8 @@ def read_inventory(gpus_json: str | None, env: Mapping[str, str] | None = None,
     """The visible GPUs in CUDA order: NVML (or the JSON file), then NVIDIA_/CUDA_VISIBLE_DEVICES."""
     from turingbox.gpus.visibility import apply_visibility
 
-    # environ: NVIDIA_/CUDA_VISIBLE_DEVICES: the container runtime's and CUDA's variables, not settings
-    env = os.environ if env is None else env
+    # NVIDIA_/CUDA_VISIBLE_DEVICES: the container runtime's and CUDA's variables, not settings
+    env = envs.gpu_visibility() if env is None else env
     if source is None:
         source = JsonSource(gpus_json) if gpus_json else NvmlSource()
     reported = sorted(source.list_gpus(), key=pci_sort_key)

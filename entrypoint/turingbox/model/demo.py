@@ -17,8 +17,8 @@ from typing import Any
 
 from turingbox.errors import UsageError
 from turingbox.model import tokenizer as demo_tokenizer
-from turingbox.settings import DEMO_SETTINGS, FULL_ATTENTION_INTERVAL  # noqa: F401  (re-exported)
-from turingbox.settings import demo_layers as _demo_layers
+from turingbox.config import DEMO_SETTINGS, FULL_ATTENTION_INTERVAL  # noqa: F401  (re-exported)
+from turingbox.config import demo_layers as _demo_layers
 from turingbox_plugin.contract import DEMO_MARKER  # the key in config.json that marks a demo model
 
 DEMO_SOURCE = "qwen3.6-27b"
@@ -43,7 +43,7 @@ AWQ_QUANTIZATION_CONFIG = {
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
 DEMO_FILES = demo_tokenizer.TOKENIZER_FILES + PROCESSOR_FILES + ("generation_config.json", "config.json")
 
-# models_dir / demo_layers / demo_awq are declared in turingbox.settings (DEMO_SETTINGS).
+# models_dir / demo_layers / demo_awq are declared in turingbox.config (DEMO_SETTINGS).
 
 
 def default_demo_dir(models_dir: str) -> str:
@@ -198,12 +198,6 @@ def ensure_demo_model(target_dir: str, awq: bool = False, layers: int | None = N
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
     return target
-
-
-def ensure_demo_from_settings(values: dict[str, Any]) -> str:
-    """Build/reuse the demo model that the resolved DEMO_SETTINGS describe (for plan and serve)."""
-    return ensure_demo_model(default_demo_dir(values["models_dir"]),
-                             awq=bool(values.get("demo_awq")), layers=values.get("demo_layers"))
 
 
 def prebuild_tokenizer(parent_dir: str) -> str:

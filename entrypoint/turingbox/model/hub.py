@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import urlparse
 
-from turingbox import settings as S
+from turingbox import config as S
 from turingbox.errors import UsageError
 
 log = logging.getLogger("turingbox.hub")

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from turingbox.errors import UsageError
 from turingbox.gpus.inventory import Gpu
-from turingbox.settings import BACKENDS, KV_DTYPES, MTP_MAX  # noqa: F401  (the settings' vocabulary, re-exported)
+from turingbox.config import BACKENDS, KV_DTYPES, MTP_MAX  # noqa: F401  (the settings' vocabulary, re-exported)
+from turingbox.config import PlanSettings
 
 MIN_SM = 75
 DTYPES = ("half", "bfloat16")
@@ -81,13 +82,13 @@ def mtp_depth(gpu: Gpu, tp: int, has_mtp: bool, override: int | None) -> tuple[i
 
 
 def rules_for(gpu: Gpu, tp: int, num_spec: int, model_dtype: str, quantized: bool,
-              overrides: dict) -> ArchRules:
+              overrides: PlanSettings) -> ArchRules:
     """The per-architecture choices for a TP group of `gpu`s; overrides win and are validated."""
     sm, arch = gpu.sm, gpu.arch
     reasons: list[str] = []
 
     # dtype
-    dtype = overrides.get("dtype")
+    dtype = overrides.dtype
     if dtype:
         dtype = {"float16": "half", "fp16": "half", "bf16": "bfloat16"}.get(dtype, dtype)
         if dtype == "bfloat16" and sm < 80:
@@ -102,7 +103,7 @@ def rules_for(gpu: Gpu, tp: int, num_spec: int, model_dtype: str, quantized: boo
                        + (" (AWQ-Marlin takes bfloat16 activations)." if quantized else "."))
 
     # attention backend
-    backend = overrides.get("attention_backend")
+    backend = overrides.attention_backend
     if backend:
         backend = backend.upper()
         if backend == "FLASH_ATTN" and sm < 80:
@@ -122,7 +123,7 @@ def rules_for(gpu: Gpu, tp: int, num_spec: int, model_dtype: str, quantized: boo
         reasons.append(f"attention backend FLASHINFER: on {arch} FlashAttention 2 has no fp8 KV cache and FlashInfer has.")
 
     # KV cache dtype
-    kv = overrides.get("kv_cache_dtype")
+    kv = overrides.kv_cache_dtype
     if kv:
         reasons.append(f"kv_cache_dtype={kv}: set by TURINGBOX_KV_CACHE_DTYPE/--kv-cache-dtype.")
     else:
@@ -141,7 +142,7 @@ def rules_for(gpu: Gpu, tp: int, num_spec: int, model_dtype: str, quantized: boo
         raise UsageError(f"TURINGBOX_KV_CACHE_DTYPE bfloat16 is not supported on {arch}; use fp8 or float16.")
 
     # GDN prefill kernel and the GDN path inside workers
-    gdn_prefill = overrides.get("gdn_prefill_backend")
+    gdn_prefill = overrides.gdn_prefill_backend
     if gdn_prefill:
         if gdn_prefill == "flashinfer" and sm != 90:
             raise UsageError(f"TURINGBOX_GDN_PREFILL_BACKEND flashinfer runs only on sm_90 in vLLM 0.21; {gpu.name} is {arch}.")
@@ -151,7 +152,7 @@ def rules_for(gpu: Gpu, tp: int, num_spec: int, model_dtype: str, quantized: boo
         reasons.append("GDN prefill backend triton: " + (
             "FlashInfer's GDN prefill JIT kept a cold start from being ready within 500 s on sm_90."
             if sm == 90 else f"FlashInfer's GDN prefill kernel runs only on sm_90, not {arch}."))
-    gdn_path = overrides.get("gdn")
+    gdn_path = overrides.gdn
     if gdn_path and gdn_path != "auto":
         reasons.append(f"GDN path {gdn_path}: set by TURINGBOX_GDN.")
     else:

@@ -20,7 +20,7 @@ from turingbox.model.tokenizer import CHAT_TEMPLATE_FILE
 from turingbox.plan import arch as archmod
 from turingbox.plan import memory as mem
 from turingbox.plan.types import Plan, PluginConfig
-from turingbox.settings import OBJECTIVES, PLANNER_DEFAULTS, REGISTRY
+from turingbox.config import REGISTRY, PlanSettings
 from turingbox_plugin.contract import ModelConfig
 
 WORKER_CLS = "turingbox_plugin.worker.TuringboxWorker"
@@ -42,8 +42,6 @@ MTP_REFUSED_PARAMETERS = ("min_p", "logit_bias")
 def dp_needs_strict_warmup_off(model: ModelConfig) -> bool:
     return model.is_moe
 
-# Settings the planner reads, with their declared defaults (turingbox.settings); None means "decide automatically".
-DEFAULTS: dict[str, Any] = dict(PLANNER_DEFAULTS)
 # The demo model's second served name: its directory (and so its first name) depends on the variant that fits
 # the GPUs, and clients, the README's examples among them, need one name that works on every machine.
 DEMO_ALIAS = "demo"
@@ -133,20 +131,20 @@ class Sizing:
     reasons: list[str]
 
 
-def _explicit_text(s: Mapping[str, Any], names: Sequence[str]) -> str:
-    parts = [f"{setting_name(n)} {s[n]}" for n in names if s.get(n) is not None]
+def _explicit_text(s: PlanSettings, names: Sequence[str]) -> str:
+    parts = [f"{setting_name(n)} {getattr(s, n)}" for n in names if getattr(s, n) is not None]
     return (" with " + ", ".join(parts)) if parts else ""
 
 
-def _fail_fit(gpus: Sequence[Gpu], s: Mapping[str, Any], requested: int, weights: int, act: int, logits: int,
+def _fail_fit(gpus: Sequence[Gpu], s: PlanSettings, requested: int, weights: int, act: int, logits: int,
               cg: int, non_torch: int, kv_avail: int, need: int, floor: int, logit_tokens: int) -> PlanError:
     g = gpus[0]
     # Name what the user set: the sentence must point at the setting that broke the fit.
-    util = (f"{setting_name('gpu_memory_utilization')} {s['gpu_memory_utilization']} gives vLLM "
-            f"{mem.gib(requested):.2f} GiB per GPU" if s.get("gpu_memory_utilization") is not None
+    util = (f"{setting_name('gpu_memory_utilization')} {s.gpu_memory_utilization} gives vLLM "
+            f"{mem.gib(requested):.2f} GiB per GPU" if s.gpu_memory_utilization is not None
             else f"vLLM may budget {mem.gib(requested):.2f} GiB per GPU")
-    seqs = (f"{setting_name('max_num_seqs')} {s['max_num_seqs']} makes the sampler hold logits for "
-            f"{logit_tokens} tokens ({mem.gib(logits):.2f} GiB), " if s.get("max_num_seqs") is not None else "")
+    seqs = (f"{setting_name('max_num_seqs')} {s.max_num_seqs} makes the sampler hold logits for "
+            f"{logit_tokens} tokens ({mem.gib(logits):.2f} GiB), " if s.max_num_seqs is not None else "")
     return PlanError(
         f"the model does not fit on {len(gpus)}x {g.name} ({g.memory_total_mib / 1024:.1f} GiB each)"
         f"{_explicit_text(s, ('tensor_parallel_size', 'max_num_batched_tokens', 'max_model_len'))}: "
@@ -157,7 +155,7 @@ def _fail_fit(gpus: Sequence[Gpu], s: Mapping[str, Any], requested: int, weights
 
 
 def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int, rules: archmod.ArchRules,
-                s: Mapping[str, Any], include_vision: bool, dp: int = 1) -> Sizing:
+                s: PlanSettings, include_vision: bool, dp: int = 1) -> Sizing:
     reasons: list[str] = []
     total_mib = min(g.memory_total_mib for g in gpus)
     free_mib = min(g.memory_free_mib for g in gpus)
@@ -166,8 +164,8 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
 
     # gpu_memory_utilization: what vLLM may budget, the rest stays for context/NCCL/late allocations.
     util_auto, outside = mem.gpu_memory_utilization(total_mib, free_mib, ranks, rules.attention_backend == "FLASHINFER")
-    if s["gpu_memory_utilization"] is not None:
-        util = float(s["gpu_memory_utilization"])
+    if s.gpu_memory_utilization is not None:
+        util = float(s.gpu_memory_utilization)
         limit_mib = free_mib - outside["cuda_context_mib"] - outside["nccl_mib"]
         if util * total_mib > limit_mib:
             raise UsageError(f"{setting_name('gpu_memory_utilization')} {util} asks for {util * total_mib / 1024:.2f} GiB "
@@ -186,12 +184,12 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
     requested = int(util * total_mib * mem.MIB)
 
     weights = mem.weight_bytes_per_rank(model, tp, act_bytes, include_vision)
-    layout = mem.kv_layout(model, tp, num_spec, rules.kv_cache_dtype, rules.dtype, bool(s["prefix_caching"]))
+    layout = mem.kv_layout(model, tp, num_spec, rules.kv_cache_dtype, rules.dtype, bool(s.prefix_caching))
 
     # Batched tokens: align mode schedules whole blocks, so a block must fit in one step.
-    need_mnbt = max(layout.block_size if s["prefix_caching"] else 1, 1)
-    if s["max_num_batched_tokens"] is not None:
-        mnbt = int(s["max_num_batched_tokens"])
+    need_mnbt = max(layout.block_size if s.prefix_caching else 1, 1)
+    if s.max_num_batched_tokens is not None:
+        mnbt = int(s.max_num_batched_tokens)
         if mnbt < need_mnbt:
             raise UsageError(f"{setting_name('max_num_batched_tokens')} {mnbt} is below the {need_mnbt}-token KV block "
                              "that --mamba-cache-mode align must schedule in one step.")
@@ -201,7 +199,7 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
         mnbt = max(rules.default_max_num_batched_tokens, mem.cdiv(need_mnbt, 256) * 256)
         mnbt_auto = True
 
-    seqs_cap = int(s["max_num_seqs"]) if s["max_num_seqs"] is not None else rules.default_max_num_seqs
+    seqs_cap = int(s.max_num_seqs) if s.max_num_seqs is not None else rules.default_max_num_seqs
 
     def kv_available(seqs: int, batched: int) -> tuple[int, int, int, int, list[int]]:
         """(KV pool, activation peak, CUDA-graph estimate, non-torch growth, capture sizes) in bytes."""
@@ -210,7 +208,7 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
             act += VISION_PROFILE_MIB * mem.MIB
         sizes: list[int] = []
         cg = 0
-        if not s["enforce_eager"]:
+        if not s.enforce_eager:
             sizes = mem.cudagraph_capture_sizes(seqs, num_spec, batched)
             graphs = {"PIECEWISE": len(sizes)}
             if rules.full_decode_graphs:
@@ -223,9 +221,9 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
     # The context asked for, and the least a real request needs.
     model_max = model.max_position_embeddings
     bound = min_request_tokens(num_spec)
-    explicit_len = s["max_model_len"] is not None
+    explicit_len = s.max_model_len is not None
     if explicit_len:
-        want_len = int(s["max_model_len"])
+        want_len = int(s.max_model_len)
         if want_len > model_max:
             raise UsageError(f"{setting_name('max_model_len')} {want_len} exceeds the model's {model_max}-token context "
                              "(max_position_embeddings).")
@@ -238,7 +236,7 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
         want_len = model_max
         len_source = "the model's full context"
     # Shrinking stops at min_model_len (the user's floor), never below what one request needs.
-    floor = max(bound, min(int(s["min_model_len"]), want_len))
+    floor = max(bound, min(int(s.min_model_len), want_len))
 
     # When memory is tight, a smaller prefill chunk lowers the activation peak (auto only).
     options = [mnbt]
@@ -270,8 +268,8 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
     full_at_once = usable // one_full if one_full else 0
     after = f"after {mem.gib(weights.total):.2f} GiB of weights and {mem.gib(act + cg + non_torch):.2f} GiB of runtime"
 
-    if s["max_num_seqs"] is not None:
-        seqs = int(s["max_num_seqs"])
+    if s.max_num_seqs is not None:
+        seqs = int(s.max_num_seqs)
         reasons.append(f"max_num_seqs={seqs}: set by TURINGBOX_MAX_NUM_SEQS.")
     else:
         # Automatic concurrency stays conservative: every sequence may reach max_model_len at once.
@@ -410,17 +408,17 @@ def _choose_gpus(group: list[Gpu], count: int) -> list[Gpu]:
     return sorted(ranked[:count], key=pci_sort_key)
 
 
-def _build(group: list[Gpu], model: ModelConfig, s: Mapping[str, Any], include_vision: bool, tp: int,
+def _build(group: list[Gpu], model: ModelConfig, s: PlanSettings, include_vision: bool, tp: int,
            dp: int) -> tuple[list[Gpu], int, str, archmod.ArchRules, Sizing]:
     chosen = _choose_gpus(group, tp * dp)
-    num_spec, mtp_reason = archmod.mtp_depth(chosen[0], tp, model.has_mtp, s["mtp"])
+    num_spec, mtp_reason = archmod.mtp_depth(chosen[0], tp, model.has_mtp, s.mtp)
     quantized = model.quantization is not None and model.quantization.bits < 16
     rules = archmod.rules_for(chosen[0], tp, num_spec, model.torch_dtype, quantized, s)
     sizing = size_memory(chosen, model, tp, num_spec, rules, s, include_vision, dp)
     return chosen, num_spec, mtp_reason, rules, sizing
 
 
-def _smaller_fit(group: list[Gpu], model: ModelConfig, s: Mapping[str, Any], include_vision: bool, tp: int,
+def _smaller_fit(group: list[Gpu], model: ModelConfig, s: PlanSettings, include_vision: bool, tp: int,
                  max_len: int) -> tuple | None:
     """The smallest legal TP below `tp` that keeps max_model_len (DP replicas then fill the group)."""
     n = len(group)
@@ -434,11 +432,11 @@ def _smaller_fit(group: list[Gpu], model: ModelConfig, s: Mapping[str, Any], inc
     return None
 
 
-def _candidate(group: list[Gpu], model: ModelConfig, s: Mapping[str, Any], include_vision: bool) -> Candidate:
+def _candidate(group: list[Gpu], model: ModelConfig, s: PlanSettings, include_vision: bool) -> Candidate:
     n = len(group)
     kind_text = group[0].describe()
-    if s["tensor_parallel_size"] is not None:
-        tp = int(s["tensor_parallel_size"])
+    if s.tensor_parallel_size is not None:
+        tp = int(s.tensor_parallel_size)
         if tp > n:
             raise UsageError(f"{setting_name('tensor_parallel_size')} {tp} asks for more GPUs than the {n} identical {kind_text} visible.")
         problem = tp_problem(model, tp)
@@ -456,12 +454,12 @@ def _candidate(group: list[Gpu], model: ModelConfig, s: Mapping[str, Any], inclu
         else:
             tp_reason = (f"TP={tp}: the largest count of the {n} identical {kind_text} GPUs that splits "
                          f"{head_summary(model)} legally ({tp_problem(model, tp + 1) if tp + 1 <= n else ''}).")
-    objective = str(s.get("objective") or "latency")
-    strict = bool(s["strict_warmup"])
+    objective = str(s.objective or "latency")
+    strict = bool(s.strict_warmup)
     dp = 1
     dp_reason = ""
     built = None
-    if s["tensor_parallel_size"] is not None:
+    if s.tensor_parallel_size is not None:
         if objective == "throughput" and n // tp > 1 and not (strict and dp_needs_strict_warmup_off(model)):
             dp = n // tp
             dp_reason = (f"DP={dp}: TURINGBOX_OBJECTIVE=throughput runs {dp} replicas of the set TP={tp} on "
@@ -494,7 +492,7 @@ def _candidate(group: list[Gpu], model: ModelConfig, s: Mapping[str, Any], inclu
     used = tp * dp
     if used == n:
         why = ""
-    elif s["tensor_parallel_size"] is not None:
+    elif s.tensor_parallel_size is not None:
         why = "TP was set by TURINGBOX_TP"
     else:
         why = f"TP={n} is illegal: {tp_problem(model, n)}"
@@ -523,18 +521,15 @@ def _excluded(all_gpus: Sequence[Gpu], chosen: Candidate, unsupported: dict[str,
     return out
 
 
-def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Mapping[str, Any],
+def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: PlanSettings,
               software: Mapping[str, str]) -> Plan:
     """The whole plan. Raises PlanError/UsageError (one sentence, exit 2) when no plan is possible."""
-    s = dict(DEFAULTS)
-    s.update({k: v for k, v in settings.items() if v is not None})
+    s = settings
     hidden: list[dict] = []
     if isinstance(gpus, Inventory):
         hidden = list(gpus.hidden)
         gpus = list(gpus.gpus)
     gpus = sorted(gpus, key=pci_sort_key)
-    if s["mtp"] is not None and not 0 <= int(s["mtp"]) <= archmod.MTP_MAX:
-        raise UsageError(f"TURINGBOX_MTP {s['mtp']} is invalid: must be between 0 and {archmod.MTP_MAX}.")
     context_floor_problem = min_model_len_problem(model, s)
     if context_floor_problem:
         raise UsageError(context_floor_problem)
@@ -556,10 +551,7 @@ def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Map
     include_vision = model.has_vision and not model.is_demo
     candidates: list[Candidate] = []
     failures: dict[tuple, BaseException] = {}
-    tp_override = s["tensor_parallel_size"]
-    if s["objective"] not in OBJECTIVES:
-        raise UsageError(f"{setting_name('objective')} {s['objective']!r} is invalid: must be one of "
-                         f"{', '.join(OBJECTIVES)}.")
+    tp_override = s.tensor_parallel_size
     if tp_override is not None and len(groups) > 1 and all(int(tp_override) > len(g) for g in groups.values()):
         kinds = " and ".join(f"{len(g)}x {g[0].describe()}" for g in sorted(groups.values(), key=len, reverse=True))
         biggest = max(groups.values(), key=len)
@@ -581,7 +573,7 @@ def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Map
         biggest = max(groups, key=lambda k: (len(groups[k]), k[2]))
         raise failures[biggest]
     # latency: the widest TP group; throughput: the most GPUs in use (TP x DP).
-    width = (lambda c: c.tp * c.dp) if s["objective"] == "throughput" else (lambda c: c.tp)
+    width = (lambda c: c.tp * c.dp) if s.objective == "throughput" else (lambda c: c.tp)
     best = max(candidates, key=lambda c: (width(c), c.sizing.memory["kv_cache_gib"], c.gpus[0].sm))
     guard = flashinfer_sm75_problem(best.gpus[0].sm, best.rules.attention_backend, model.head_dim, software)
     if guard:
@@ -591,13 +583,13 @@ def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Map
     return _assemble(best, model, s, software, excluded)
 
 
-def min_model_len_problem(model: ModelConfig, s: Mapping[str, Any]) -> str | None:
+def min_model_len_problem(model: ModelConfig, s: PlanSettings) -> str | None:
     """Why min_model_len can never be met, or None. Only a value someone set is checked: the declared
     default floor means "at most the model's context", so a model with a shorter context still plans."""
-    floor = s.get("min_model_len")
-    if floor is None or int(floor) == PLANNER_DEFAULTS["min_model_len"]:
+    floor = s.min_model_len
+    if floor is None or int(floor) == REGISTRY["min_model_len"].default:
         return None
-    floor, model_max, wanted = int(floor), model.max_position_embeddings, s.get("max_model_len")
+    floor, model_max, wanted = int(floor), model.max_position_embeddings, s.max_model_len
     if model_max and floor > model_max:
         return (f"{setting_name('min_model_len')} {floor} exceeds the model's {model_max}-token context "
                 "(max_position_embeddings), so no plan can keep that much.")
@@ -623,7 +615,7 @@ def _tool_parser(model: ModelConfig) -> str:
     return DEMO_TOOL_PARSER if model.is_demo else TOOL_PARSER
 
 
-def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: Mapping[str, str],
+def _assemble(c: Candidate, model: ModelConfig, s: PlanSettings, software: Mapping[str, str],
               excluded: list[dict]) -> Plan:
     r, z = c.rules, c.sizing
     gpu = c.gpus[0]
@@ -644,12 +636,12 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
         reasons.append(f"quantization={quant}: from the model's quantization_config "
                        f"({model.quantization.bits}-bit, group {model.quantization.group_size}; "
                        f"{', '.join(model.quantization.modules_to_not_convert) or 'nothing'} kept at 16 bits).")
-    prefix = bool(s["prefix_caching"])
+    prefix = bool(s.prefix_caching)
     if prefix and model.num_linear_attention_layers:
         reasons.append("prefix caching on with --mamba-cache-mode align: GDN states are cached at block boundaries, "
                        "the mode vLLM 0.21 requires with MTP.")
     reasons += z.reasons
-    enforce_eager = bool(s["enforce_eager"])
+    enforce_eager = bool(s.enforce_eager)
     capture = () if enforce_eager else tuple(z.capture_sizes)
     if enforce_eager:
         reasons.append("enforce_eager: set by TURINGBOX_ENFORCE_EAGER (no CUDA graphs; decode is several times slower).")
@@ -669,20 +661,20 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
                        "initialises CUDA (the plugin answers its multimodal check without importing the model), so "
                        "its engine core starts without a second Python interpreter, ~15 s sooner on the H200 "
                        "(session 11); a VLLM_WORKER_MULTIPROC_METHOD of your own wins.")
-    served = s["served_model_name"] or (model.path.rstrip("/").rsplit("/", 1)[-1])
+    served = s.served_model_name or (model.path.rstrip("/").rsplit("/", 1)[-1])
     if model.is_demo and served != DEMO_ALIAS:
         reasons.append(f"served as {served} and {DEMO_ALIAS}: requests may name either (vLLM answers to every "
                        f"--served-model-name), and responses and metrics name {served}; {DEMO_ALIAS} is the same "
                        "on every machine, whichever demo variant fits.")
     # runtime_dir and benchmark_mode travel as environment variables, not in the plugin config: vLLM hashes
     # additional_config into its compile-cache key, so anything volatile there would split the cache.
-    plugin = PluginConfig(strict_warmup=bool(s["strict_warmup"]), require_plugin=bool(s["require_plugin"]),
+    plugin = PluginConfig(strict_warmup=bool(s.strict_warmup), require_plugin=bool(s.require_plugin),
                           gdn=r.gdn_path, num_speculative_tokens=c.num_spec, max_num_seqs=z.max_num_seqs,
                           cudagraph_capture_sizes=capture)
     plan = Plan(
         tensor_parallel_size=c.tp,
         data_parallel_size=c.dp,
-        objective=s["objective"],
+        objective=s.objective,
         num_speculative_tokens=c.num_spec,
         mtp_refused_parameters=refused,
         gpu_memory_utilization=z.gpu_memory_utilization,
@@ -715,8 +707,8 @@ def _assemble(c: Candidate, model: ModelConfig, s: Mapping[str, Any], software: 
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             # Must be set before FLA is imported to reuse autotune results (DESIGN: 93 s per start otherwise).
             "TRITON_CACHE_AUTOTUNING": "1",
-            REGISTRY["runtime_dir"].env_name: str(s["runtime_dir"]),          # PLUGIN_ENV: what the plugin reads
-            REGISTRY["benchmark_mode"].env_name: "1" if s["benchmark_mode"] else "0",
+            REGISTRY["runtime_dir"].env_name: str(s.runtime_dir),          # PLUGIN_ENV: what the plugin reads
+            REGISTRY["benchmark_mode"].env_name: "1" if s.benchmark_mode else "0",
             "VLLM_PLUGINS": None,           # None = remove from the environment (all plugins load)
             # `vllm serve` spawns its engine core (a fresh interpreter that imports everything again) unless told
             # otherwise; vLLM itself falls back to spawn if CUDA is initialised in the API server after all.

@@ -30,7 +30,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from turingbox import settings as S
+from turingbox import config as S
 
 ADMISSION_SETTINGS = ("max_n", "max_tokens", "default_max_tokens", "max_total_tokens", "max_concurrent_requests",
                       "max_concurrent_per_key", "request_timeout_seconds")

@@ -33,7 +33,8 @@ from typing import Any, Callable, Mapping
 
 import httpx
 
-from turingbox import settings
+from turingbox import config
+from turingbox.config import CacheSettings
 from turingbox.engine.diagnosis import FailureDiagnosis
 from turingbox.engine.engine import ENGINE_READY, ENGINE_START, Engine, EngineNotAnswering, EngineUnfit
 from turingbox.engine.launch import (MASK, SECRET_FLAGS, flag_value, flag_values, health_client, mask_argv,
@@ -132,7 +133,7 @@ def bind_public(host: str, port: int) -> socket.socket:
 def bind_failure(host: str, port: int, exc: OSError) -> str:
     """One sentence for a failed bind that names the setting to change: the host when the address is not this
     machine's (or no address at all), the port when it is taken or privileged."""
-    h, p = settings.REGISTRY["host"], settings.REGISTRY["port"]
+    h, p = config.REGISTRY["host"], config.REGISTRY["port"]
     host_fix = f"choose another {h.flag_name} / {h.env_name} (an address of this machine, or 0.0.0.0 for all)."
     port_fix = f"choose another {p.flag_name} / {p.env_name}."
     why = exc.strerror or str(exc)
@@ -189,13 +190,16 @@ class StartupFailed(Exception):
 # ---- the controller ----------------------------------------------------------------------------
 
 class Controller:
-    def __init__(self, options: ServeOptions, plan_fn: Callable[[], Plan], passthrough: list[str]) -> None:
+    def __init__(self, options: ServeOptions, cache: CacheSettings, plan_fn: Callable[[], Plan],
+                 passthrough: list[str], runtime_dir: str | None = None) -> None:
         self.options = options
+        self.cache_settings = cache
+        self.configured_runtime_dir = runtime_dir
         self.plan_fn = plan_fn
         self.passthrough = passthrough
         self.upstream_key = flag_value(passthrough, "--api-key")
         self.secrets = secret_values(options.api_key, passthrough, parent_env())   # what vLLM inherits
-        self.api_key_on, self.api_key_line = api_key_state(options.api_key)
+        self.api_key_on, self.api_key_line = api_key_state(options)
         self.redact = make_redactor(self.secrets)
         self.tracker = stages.StartupTracker(on_change=self._stage_changed)
         self.state = ServeState(tracker=self.tracker, options=options, upstream_api_key=self.upstream_key)
@@ -394,11 +398,9 @@ class Controller:
 
         # 3. vLLM, with status files in a directory of this instance's own under the configured runtime dir:
         # two instances on one host (two compose services, serve beside a warmup) must not read each other's.
-        # A saved plan without one: the operator's runtime_dir setting if set (its default is the planner's).
-        configured = (settings.resolve(("runtime_dir",))["runtime_dir"]
-                      if settings.env_state("runtime_dir") == "set" else None)
+        # A saved plan without one: the operator's runtime_dir setting if given (its default is the planner's).
         base = (env.get("TURINGBOX_RUNTIME_DIR")
-                or configured or tempfile.gettempdir())
+                or self.configured_runtime_dir or tempfile.gettempdir())
         # Under the controller's own supervisor, made before the plan so a signal at any stage reaches the group.
         self.engine = engine = Engine(
             plan, env=env, runtime_base=base, kind="serve", vllm_command=opts.vllm_command,
@@ -462,7 +464,7 @@ class Controller:
 
         def prepare() -> Any:
             # Recorded in the thread, so a SIGTERM that cancels the wait still finds the copy to remove.
-            self.cache_to_close = prepare_cache(plan, None, settings_values=self.options.cache or None)
+            self.cache_to_close = prepare_cache(plan, self.cache_settings)
             return self.cache_to_close
 
         try:
@@ -559,14 +561,16 @@ class Controller:
                 self.state.probe_failure = failure
 
 
-def serve(options: ServeOptions, plan_fn: Callable[[], Plan], passthrough: list[str]) -> int:
-    """Run serve to the end; returns the exit code."""
+def serve(options: ServeOptions, cache: CacheSettings, plan_fn: Callable[[], Plan], passthrough: list[str],
+          runtime_dir: str | None = None) -> int:
+    """Run serve to the end; returns the exit code. runtime_dir: the runtime_dir setting when the operator gave
+    one (for a saved plan whose env names none)."""
     configure_logging()
     check_passthrough(passthrough)
     sock = bind_public(options.host, options.port)
 
     async def main() -> int:
-        return await Controller(options, plan_fn, passthrough).run(sock)
+        return await Controller(options, cache, plan_fn, passthrough, runtime_dir).run(sock)
 
     try:    # uvloop comes with vLLM (fastapi[standard]); it lowers the proxy's per-request and per-chunk cost
         import uvloop

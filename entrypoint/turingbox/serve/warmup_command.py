@@ -1,4 +1,5 @@
-"""`turingbox warmup [--seed-only]` and `turingbox cache show|verify|seed`.
+"""What `turingbox warmup [--seed-only]` and `turingbox cache show|verify|seed` do (their parsers: cli/warmup.py,
+cli/cache.py), from typed settings.
 
 Seeding prints one `turingbox-stage: <name>` line per stage and a final
 `turingbox-seed-result: {json}` line; `make warmup-cache` (turingbox_warmup.seed_volume) drives its progress bar
@@ -6,7 +7,6 @@ from them: the protocol is turingbox.cache.seed_protocol.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime as _dt
 import json
@@ -14,21 +14,19 @@ import os
 import signal
 import sys
 import tempfile
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
-from turingbox import settings
+from turingbox import config
 from turingbox.cache import store
 from turingbox.cache.seed_protocol import result_line, stage_line
+from turingbox.config import CacheSettings, LauncherSettings, WarmupSettings
 from turingbox.engine.engine import Engine, EngineNotAnswering, EngineUnfit
 from turingbox.engine.launch import parent_env, vllm_env
 from turingbox.errors import UsageError
-from turingbox.plan.types import Plan, load_saved_plan
+from turingbox.plan.types import Plan
 from turingbox.serve.active_warmup import run_active_warmup
 from turingbox.serve.stages import GRAPH_COMPILED
 from turingbox_plugin.contract import RUNTIME_DIR_ENV
-
-# the launcher's settings the warmup reads (serve declares and reads the same ones)
-LAUNCHER_SETTINGS = ("vllm_command", "vllm_stop_grace_seconds")
 
 
 class SeedFailed(UsageError):
@@ -37,43 +35,7 @@ class SeedFailed(UsageError):
     exit_code = 1
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    plan_names = settings.PLAN_SETTINGS
-    # the table's groups are disjoint (settings.py checks each name is declared once): one flag per setting
-    names = plan_names + settings.CACHE_SETTINGS + settings.WARMUP_SETTINGS
-    warm = sub.add_parser("warmup", help="start the engine with the plan, warm every cache, stop (seeds the cache)",
-                          description="Fill the cache entry for this plan. Without --seed-only an entry that is "
-                                      "already complete is left alone (exit 0 without starting the engine).")
-    warm.add_argument("--seed-only", action="store_true",
-                      help="always start the engine, warm (strict + active warmup) and stop, even on a complete entry")
-    warm.add_argument("--plan-json", metavar="FILE", help="use a saved plan (turingbox plan --json) instead of planning")
-    settings.add_arguments(warm, names)
-    warm.set_defaults(func=run_warmup)
-
-    cache_p = sub.add_parser("cache", help="show, verify or seed the compile-cache entries")
-    csub = cache_p.add_subparsers(dest="cache_command", metavar="ACTION")
-    show = csub.add_parser("show", help="list entries: key, complete?, created, sizes, hits")
-    show.add_argument("--json", action="store_true", help="machine-readable output")
-    settings.add_arguments(show, ("cache_dir", "baked_cache_dir"))
-    show.set_defaults(func=run_show)
-    verify = csub.add_parser("verify", help="check manifests and files; exit 1 if an entry is corrupt")
-    verify.add_argument("keys", nargs="*", metavar="KEY", help="entries to check (default: all)")
-    verify.add_argument("--json", action="store_true", help="machine-readable output")
-    verify.add_argument("--baked", action="store_true", help="check the entries baked into the image instead")
-    settings.add_arguments(verify, ("cache_dir", "baked_cache_dir"))
-    verify.set_defaults(func=run_verify)
-    seed = csub.add_parser("seed", help="same as `turingbox warmup --seed-only`")
-    seed.add_argument("--plan-json", metavar="FILE", help="use a saved plan instead of planning")
-    settings.add_arguments(seed, names)
-    seed.set_defaults(func=run_warmup, seed_only=True)
-    cache_p.set_defaults(func=lambda args: (cache_p.print_help(), 2)[1])
-
-
 # ---- cache show / verify ------------------------------------------------------------------------
-
-def _root(args) -> str:
-    return os.path.abspath(settings.resolve(("cache_dir",), args)["cache_dir"])
-
 
 def describe_entries(root: str, verify: bool = False) -> list[dict[str, Any]]:
     rows = []
@@ -110,17 +72,17 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
               f"{r['bytes'] / 2**20:>10.1f}  {per}")
 
 
-def run_show(args) -> int:
-    values = settings.resolve(("cache_dir", "baked_cache_dir"), args)
-    root = os.path.abspath(values["cache_dir"])
-    baked = values["baked_cache_dir"]
+def show(cache: CacheSettings, as_json: bool) -> int:
+    """`cache show`: the entries of the volume, and those baked into the image (verified)."""
+    root = os.path.abspath(cache.cache_dir)
+    baked = cache.baked_cache_dir
     if not os.path.isdir(root) and not (baked and os.path.isdir(baked)):
         raise UsageError(f"The cache root {root} (cache_dir / TURINGBOX_CACHE_DIR) does not exist.")
     rows = describe_entries(root) if os.path.isdir(root) else []
     # Entries baked into the image (read-only layer): verified here, since nothing else checks them
     # before a start copies one into the volume.
     baked_rows = describe_entries(baked, verify=True) if baked and os.path.isdir(baked) else None
-    if args.json:
+    if as_json:
         print(json.dumps({"root": root, "entries": rows,
                           "baked": None if baked_rows is None else {"root": baked, "entries": baked_rows}},
                          indent=2))
@@ -133,18 +95,18 @@ def run_show(args) -> int:
     return 0
 
 
-def run_verify(args) -> int:
-    if getattr(args, "baked", False):
-        baked = settings.resolve(("baked_cache_dir",), args)["baked_cache_dir"]
-        if not baked:
+def verify(cache: CacheSettings, keys: Sequence[str], baked: bool, as_json: bool) -> int:
+    """`cache verify`: check manifests and files of the named entries (all by default); 1 if one is corrupt."""
+    if baked:
+        if not cache.baked_cache_dir:
             raise UsageError("--baked needs the setting baked_cache_dir (TURINGBOX_BAKED_CACHE_DIR).")
-        root = os.path.abspath(baked)
+        root = os.path.abspath(cache.baked_cache_dir)
     else:
-        root = _root(args)
+        root = os.path.abspath(cache.cache_dir)
     if not os.path.isdir(root):
         raise UsageError(f"The cache root {root} (cache_dir / TURINGBOX_CACHE_DIR) does not exist.")
     entries = store.list_entries(root)
-    keys = args.keys or sorted(entries)
+    keys = list(keys) or sorted(entries)
     unknown = [k for k in keys if k not in entries]
     if unknown:
         raise UsageError(f"No cache entry {unknown[0]} under {root} ({len(entries)} entries exist).")
@@ -155,7 +117,7 @@ def run_verify(args) -> int:
         incomplete = problems in ([store.INCOMPLETE], [store.NO_ARTEFACTS])
         report[key] = {"ok": not problems, "incomplete": incomplete, "problems": problems}
         corrupt += bool(problems) and not incomplete
-    if args.json:
+    if as_json:
         print(json.dumps({"root": root, "entries": report, "corrupt": corrupt}, indent=2))
     else:
         for key, r in report.items():
@@ -190,41 +152,34 @@ def _ensure_model(plan: Plan) -> None:
     hub.ensure_snapshot(plan.model, progress=report)
 
 
-def _load_plan(args) -> Plan:
-    if getattr(args, "plan_json", None):
-        return load_saved_plan(args.plan_json, "--plan-json")
-    from turingbox.plan.command import plan_from_args   # planning's imports only when it plans
-    return plan_from_args(args)
-
-
-def run_warmup(args) -> int:
-    # every setting this command reads, resolved once, before any work (bad input first)
-    values = settings.resolve(settings.CACHE_SETTINGS + settings.WARMUP_SETTINGS + LAUNCHER_SETTINGS, args)
+def warmup(make_plan: Callable[[], Plan], cache: CacheSettings, settings: WarmupSettings,
+           launcher: LauncherSettings, seed_only: bool, passthrough: list[str]) -> int:
+    """`warmup` / `cache seed`: plan (make_plan: a saved plan or the planner), fetch a hub model's files, choose the
+    cache entry, then warm the engine in it unless it is complete already (seed_only: warm it anyway)."""
     stage("plan")
-    plan = _load_plan(args)
+    plan = make_plan()
     _ensure_model(plan)
     stage("cache")
-    session = store.prepare_cache(plan, values["cache_dir"], baked_root=values["baked_cache_dir"],
-                                  lock_wait_s=values["cache_lock_wait"])
+    session = store.prepare_cache(plan, cache)
     try:
-        return _seed(args, plan, session, values)
+        return _seed(plan, session, settings, launcher, seed_only, passthrough)
     finally:
         session.close()   # a private/cold copy lives in TMPDIR: never leave it behind
 
 
-def _seed(args, plan: Plan, session: store.CacheSession, values: Mapping[str, Any]) -> int:
+def _seed(plan: Plan, session: store.CacheSession, settings: WarmupSettings, launcher: LauncherSettings,
+          seed_only: bool, passthrough: list[str]) -> int:
     for line in session.status["events"]:
         print(f"turingbox: {line}", flush=True)
-    if session.status["result"] == "hit" and session.mode == "shared" and not getattr(args, "seed_only", False):
+    if session.status["result"] == "hit" and session.mode == "shared" and not seed_only:
         session.finish(True)
         stage("complete", "entry already complete; nothing to do")
         _print_result(session, plan)
         return 0
     ok = False
     try:
-        _warm_engine(plan, session, list(getattr(args, "vllm_passthrough", []) or []),
-                     vllm_command=values["vllm_command"], warmup_timeout_s=values["warmup_timeout"],
-                     stop_grace_s=values["vllm_stop_grace_seconds"])
+        _warm_engine(plan, session, list(passthrough), vllm_command=launcher.vllm_command,
+                     warmup_timeout_s=settings.warmup_timeout, stop_grace_s=launcher.vllm_stop_grace_seconds)
         ok = True
     except UsageError:
         raise
@@ -235,7 +190,7 @@ def _seed(args, plan: Plan, session: store.CacheSession, values: Mapping[str, An
     if session.mode == "shared" and not session.status.get("completed"):
         if not store.has_engine_artefacts(session.entry):
             raise SeedFailed(f"Seeding cache entry {session.key} left it incomplete: the engine wrote no compile "
-                             f"artefacts into {session.entry} ({settings.REGISTRY['vllm_command'].env_name} "
+                             f"artefacts into {session.entry} ({config.REGISTRY['vllm_command'].env_name} "
                              "names a stand-in rather than vLLM?).")
         raise SeedFailed(f"Seeding cache entry {session.key} warmed the engine, but the entry could not be completed "
                          f"({(session.status.get('events') or ['no reason recorded'])[-1]}).")

@@ -12,6 +12,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from turingbox_plugin import contract
+
 _PKG = Path(__file__).resolve().parent.parent
 # CUDA sources ship inside the package (turingbox_plugin/csrc) so installed copies can report too.
 CSRC = _PKG / "csrc"
@@ -45,8 +47,8 @@ def find_tool(name: str, nvcc: str | None = None) -> str | None:
     found = shutil.which(name)
     if found:
         return found
-    # environ: CUDA_HOME: the CUDA toolkit's variable
-    dirs = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
+    # CUDA_HOME: the CUDA toolkit's variable
+    dirs = [contract.variable("CUDA_HOME") or "", "/usr/local/cuda"]
     candidates = [Path(d) / "bin" / name for d in dirs if d]
     if nvcc:
         candidates.append(Path(os.path.realpath(nvcc)).parent / name)

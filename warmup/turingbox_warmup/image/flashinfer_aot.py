@@ -54,7 +54,8 @@ import tempfile
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
-from turingbox import settings
+from turingbox.config import envs
+from turingbox import config
 # The baked layout's marker and the copy into a cache entry are the cache's (serve seeds new entries with them).
 from turingbox_warmup.image.aot_specs.derive import default_vllm_src   # one definition (installed, TURINGBOX_VLLM_SRC, .cache)
 from turingbox.cache.flashinfer_prebuilt import MARKER, prebuilt_modules, seed_workspace
@@ -72,7 +73,7 @@ DEFAULT_AOT_DIR = "/opt/turingbox/flashinfer-aot"
 
 def aot_dir() -> str:
     """Where the baked modules are: the aot_flashinfer_dir setting (TURINGBOX_AOT_FLASHINFER_DIR), else the image's."""
-    return settings.resolve(("aot_flashinfer_dir",))["aot_flashinfer_dir"] or DEFAULT_AOT_DIR
+    return config.resolve(("aot_flashinfer_dir",))["aot_flashinfer_dir"] or DEFAULT_AOT_DIR
 
 
 # Shared memory, bytes (CUDA programming guide, compute capabilities table): per SM (what FlashInfer's
@@ -227,12 +228,13 @@ def _inventory(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _plan(gpus_json: str, settings: Mapping[str, str]) -> Plan:
-    from turingbox.plan.command import plan_from_args
+    from turingbox.plan.from_settings import plan_from_settings
     # environ: image build: plans from the given settings alone, the host's TURINGBOX_* left out
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURINGBOX_")}
+    env = {k: v for k, v in envs.process_environment().items() if not k.startswith("TURINGBOX_")}
     env.update(settings)
     env["TURINGBOX_GPUS_JSON"] = gpus_json
-    return plan_from_args(None, env=env, write_demo=False)
+    loaded = config.load(None, env, groups=("plan", "demo"))
+    return plan_from_settings(loaded.plan, loaded.demo, write_demo=False, environ=env)
 
 
 def plan_cases(fixtures_dir: str) -> Iterable[tuple[str, str, dict[str, str], str]]:
@@ -459,7 +461,7 @@ def default_flashinfer_src() -> str | None:
     """The flashinfer package directory: TURINGBOX_FLASHINFER_SRC, the installed package, or the copy
     `make test-setup` unpacks (pip --no-deps --target .cache/flashinfer-cpu in the checkout)."""
     # environ: a build/dev tool's source path (documented in test_settings_names), not a setting
-    env = os.environ.get("TURINGBOX_FLASHINFER_SRC")
+    env = envs.flashinfer_src()
     if env:
         return env
     import importlib.util
@@ -476,7 +478,7 @@ def default_flashinfer_src() -> str | None:
 def find_cuda_home() -> str | None:
     """CUDA_HOME, the directory above `nvcc` on PATH, /usr/local/cuda, or the nvidia-cuda-nvcc wheel."""
     # environ: the CUDA toolkit's own variables (image build time)
-    for cand in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+    for cand in envs.cuda_homes():
         if cand and os.path.isfile(os.path.join(cand, "bin", "nvcc")):
             return cand
     nvcc = shutil.which("nvcc")
@@ -525,7 +527,7 @@ def extra_include_dirs(cuda_home: str) -> list[str]:
     the nvidia-curand wheel (a torch dependency, so the image's venv has it) when the toolkit is nvcc wheels
     or a copy without the math libraries; TURINGBOX_CUDA_EXTRA_INCLUDE adds more (os.pathsep-separated)."""
     # environ: a build tool's header path (documented in test_settings_names), not a setting
-    dirs = [d for d in os.environ.get("TURINGBOX_CUDA_EXTRA_INCLUDE", "").split(os.pathsep) if d]
+    dirs = envs.cuda_extra_include()
     if not os.path.isfile(os.path.join(cuda_home, "include", "curand.h")):
         try:
             import nvidia
@@ -553,7 +555,7 @@ def libcuda_dir():
         with open(os.path.join(tmp, "stub.c"), "w") as f:
             f.write("int turingbox_libcuda_stub;\n")
         # environ: the build host's C compiler (image build time)
-        subprocess.check_call([os.environ.get("CC") or "gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
+        subprocess.check_call([envs.c_compiler(), "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
                                os.path.join(tmp, "libcuda.so"), os.path.join(tmp, "stub.c")])
         yield tmp
 
@@ -635,7 +637,7 @@ for rec in recs:
 def build_env(arch: str, build_base: str, cuda_home: str, jobs: int | None, stub_dir: str | None,
               flashinfer_src: str | None = None) -> dict[str, str]:
     # environ: the FlashInfer build's subprocess environment (image build time)
-    env = dict(os.environ)
+    env = dict(envs.process_environment())
     env.update(FLASHINFER_CUDA_ARCH_LIST=arch_label(sm_of(arch)), FLASHINFER_WORKSPACE_BASE=build_base,
                CUDA_HOME=cuda_home, PATH=os.path.join(cuda_home, "bin") + os.pathsep + env.get("PATH", ""))
     extra = " ".join(f"-isystem {d}" for d in extra_include_dirs(cuda_home))
@@ -1081,7 +1083,7 @@ def verify_rows(arch: int) -> list[dict[str, Any]]:
     flashinfer (or TURINGBOX_FLASHINFER_SRC naming its package directory) and nvcc, and adds nothing without them."""
     import importlib.util
     # environ: a build/dev tool's source path (documented in test_settings_names), not a setting
-    src = os.environ.get("TURINGBOX_FLASHINFER_SRC")
+    src = envs.flashinfer_src()
     if not src:
         spec = importlib.util.find_spec("flashinfer")
         src = list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else None

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 
+from turingbox.config import envs
 from turingbox.cache.store import MODELINFOS
 
 # The image's model (Qwen3.6, config in turingbox/data/qwen3.6-27b.json) and the MTP drafter vLLM builds for it.
@@ -31,7 +32,7 @@ ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MTP")
 def build(out: str, architectures: tuple[str, ...] = ARCHITECTURES) -> list[str]:
     """Write vLLM's modelinfo JSON for each architecture under out/modelinfos; returns the files."""
     # environ: vLLM's registry writes under VLLM_CACHE_ROOT (read by vllm.envs when the registry asks)
-    os.environ["VLLM_CACHE_ROOT"] = os.path.abspath(out)
+    envs.set_variable("VLLM_CACHE_ROOT", os.path.abspath(out))
     from vllm.model_executor.models.registry import ModelRegistry
 
     missing = [a for a in architectures if ModelRegistry._try_inspect_model_cls(a) is None]

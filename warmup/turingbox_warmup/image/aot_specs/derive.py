@@ -38,6 +38,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
+from turingbox.config import envs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VLLM_VERSION = "0.21.0"
@@ -349,8 +350,8 @@ def default_vllm_src() -> str:
     if spec is not None and spec.submodule_search_locations:
         return list(spec.submodule_search_locations)[0]
     # environ: a build/dev tool's source path (documented in test_settings_names), not a setting
-    if os.environ.get("TURINGBOX_VLLM_SRC"):
-        return os.environ["TURINGBOX_VLLM_SRC"]
+    if envs.vllm_src():
+        return envs.vllm_src()
     return DEFAULT_VLLM_SRC
 
 

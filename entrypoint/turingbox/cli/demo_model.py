@@ -5,7 +5,7 @@ import argparse
 import os
 import time
 
-from turingbox import settings
+from turingbox import config
 from turingbox.errors import UsageError
 from turingbox.model import demo
 
@@ -25,7 +25,7 @@ def register(sub) -> None:
                    help="number of layers, a positive multiple of 4 (default 64) [env TURINGBOX_DEMO_LAYERS]")
     p.add_argument("--tokenizer-only", action="store_true",
                    help="only build the cached tokenizer that demo models beside DIR reuse (image build time)")
-    settings.add_arguments(p, ["models_dir"])
+    config.add_arguments(p, ["models_dir"])
     p.set_defaults(func=run)
 
 
@@ -37,14 +37,14 @@ def run(args: argparse.Namespace) -> int:
         except ValueError:
             raise UsageError(f"--layers {raw_layers!r} is invalid: must be a positive multiple of "
                              f"{demo.FULL_ATTENTION_INTERVAL}.") from None
-    values = settings.resolve(demo.DEMO_SETTINGS, args)
-    target = args.dir or demo.default_demo_dir(values["models_dir"])
+    settings = config.load(args, groups=("demo",)).demo
+    target = args.dir or demo.default_demo_dir(settings.models_dir)
     started = time.monotonic()
     if args.tokenizer_only:
         cache = demo.prebuild_tokenizer(os.path.dirname(os.path.abspath(os.path.expanduser(target))))
         print(f"tokenizer ready in {cache} ({time.monotonic() - started:.1f} s)")
         return 0
-    path = demo.ensure_demo_model(target, awq=values["demo_awq"], layers=values["demo_layers"])
+    path = demo.ensure_demo_model(target, awq=settings.demo_awq, layers=settings.demo_layers)
     marker = demo.read_marker(path) or {}
     print(f"demo model ready in {path} (layers={marker.get('layers')}, awq={marker.get('awq')}, "
           f"{time.monotonic() - started:.1f} s)")

@@ -3,9 +3,10 @@
 The one table is SETTINGS below (grouped by what it configures: the plan, the demo model, the serve
 sidecar, the compile cache, warmup); each row gives the name, help, parser, default and, where it is
 not derived from the name, the flag or variable. Nothing else declares a setting: a command adds the
-flags it uses with `add_arguments(parser, names)` and resolves them once with `resolve(names, args)`;
-the modules that use a setting read the resolved value. Precedence: CLI flag > TURINGBOX_* env >
-default. A bad value raises UsageError naming the setting, the variable and the value.
+flags it uses with `add_arguments(parser, names)` and loads them once with `turingbox.config.load`
+into the typed groups of config/types.py; the core takes those. Precedence: CLI flag > TURINGBOX_* env >
+default. A bad value raises UsageError naming the setting, the variable and the value. Defaults that
+depend on the machine (cache_dir, models_dir, runtime_dir) are computed at load (default_factory).
 
 The vocabulary the parsers check against (MTP_MAX, BACKENDS, KV_DTYPES, ...) lives here too, so the
 parsers need nothing above this module; the planner imports it from here.
@@ -24,6 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from turingbox.config import envs
 from turingbox.errors import UsageError
 from turingbox_plugin import contract as plugin_contract
 
@@ -48,6 +50,13 @@ class Setting:
     env: str = ""                  # defaults to TURINGBOX_MAX_MODEL_LEN
     secret: bool = False           # never logged nor shown in /turingbox/plan
     choices: tuple = field(default=())
+    # a default that depends on the machine (the home or temporary directory): computed when settings are
+    # loaded, not when this module is imported; `default` is then None
+    default_factory: Callable[[], Any] | None = None
+
+    def default_value(self) -> Any:
+        """The default now: default_factory's result where the row has one, else default."""
+        return self.default_factory() if self.default_factory is not None else self.default
 
     @property
     def flag_name(self) -> str:
@@ -278,12 +287,12 @@ _PLAN = (   # turingbox plan / serve / warmup: what the planner reads (planner.D
     Setting("benchmark_mode", "plugin benchmark mode (synthetic MTP acceptance for dummy weights)", boolean,
             default=False),
     Setting("runtime_dir", "directory where workers write their status files", path,
-            default=os.path.join(tempfile.gettempdir(), "turingbox-runtime")),
+            default_factory=lambda: os.path.join(tempfile.gettempdir(), "turingbox-runtime")),
 )
 
 _DEMO = (   # the built-in demo model (turingbox plan/serve without --model, turingbox model demo)
     Setting("models_dir", "directory where models (the demo model included) are kept", directory,
-            default=os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "models")),
+            default_factory=lambda: os.path.join(os.path.expanduser("~"), ".cache", "turingbox", "models")),
     Setting("demo_layers", "demo model: number of layers (a positive multiple of 4; default: all 64 of Qwen3.6-27B)",
             demo_layers),
     Setting("demo_awq", "demo model: add the AWQ INT4 quantization config of the seed", boolean, default=False),
@@ -339,7 +348,7 @@ _SERVE = (  # turingbox serve: the sidecar in front of vLLM
 
 _CACHE = (  # the compile cache (serve, warmup, cache show/verify/seed)
     Setting("cache_dir", "cache root holding one compile-cache entry per plan fingerprint (a volume in "
-            "compose/Kubernetes)", default=os.path.join(os.path.expanduser("~"), ".cache", "turingbox")),
+            "compose/Kubernetes)", default_factory=lambda: os.path.join(os.path.expanduser("~"), ".cache", "turingbox")),
     Setting("baked_cache_dir", "read-only cache root baked into the image, consulted before the cache volume"),
     Setting("cache_lock_wait", "seconds to wait for another process's writer lock on the same entry before "
             "using a private copy", positive_float, 20.0),
@@ -374,11 +383,8 @@ OTHER_VARIABLES: dict[str, str] = {
     # the plugin's own (turingbox_plugin.contract), read in vLLM's worker processes
     plugin_contract.GDN_LIB_ENV: "the plugin's prebuilt sm_75 GDN library (set by the image)",
     "TURINGBOX_BENCH_URL": "the plugin's bench tools' default URL",
-    # build and development tools, never read by `turingbox serve`
-    "TURINGBOX_VLLM_SRC": "vLLM's source for the AOT spec derivations and compile checks",
-    "TURINGBOX_FLASHINFER_SRC": "FlashInfer's source for its module derivation",
-    "TURINGBOX_CUDA_EXTRA_INCLUDE": "extra CUDA headers for the FlashInfer ahead-of-time build",
-    "TURINGBOX_CACHE_VOLUME": "the Docker volume `make warmup-cache` seeds",
+    # build and development tools, never read by `turingbox serve` (declared, and read, in config/envs.py)
+    **{name: why for name, why in envs.VARIABLES.items() if name.startswith("TURINGBOX_")},
     "TURINGBOX_VERSION": "the image's label, set at build",
     # compose's own interpolation variables (docker compose reads them, not the appliance)
     "TURINGBOX_IMAGE": "compose: the image tag",
@@ -400,12 +406,21 @@ HARNESS_VARIABLES: dict[str, str] = {
 }
 
 
+# Names that appear in the tree but are no variable of anyone: examples of what the CLI refuses or the plugin ignores
+# (the README's and the tests' typos, a retired name). Never read; the CLI refuses them like any unknown name.
+EXAMPLES_OF_NO_VARIABLE: dict[str, str] = {
+    "TURINGBOX_MAX_MODEL_LENGTH": "README.md, tests: the typo of TURINGBOX_MAX_MODEL_LEN the CLI refuses",
+    "TURINGBOX_ZZZ": "tests/unit/test_settings_cli.py: a name close to no setting",
+    "TURINGBOX_PLUGIN": "tests/plugin: a retired name, which must activate nothing in the plugin",
+}
+
+
 def unknown_variables(env: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
     """TURINGBOX_* names in the environment that are neither a setting nor another known variable, each with
     the closest known name (None when nothing is close): the typos a person makes. Lower case counts
     (turingbox_mtp): variable names are case-sensitive, so that one is ignored as surely as a misspelling."""
     import difflib
-    env = os.environ if env is None else env
+    env = envs.process_environment() if env is None else env
     prefix = "TURINGBOX_"
     known = {s.env_name for s in SETTINGS} | set(OTHER_VARIABLES)
     # Compare what follows the prefix: every name shares it, which would make any name "close" to any other.
@@ -435,6 +450,7 @@ PLAN_SETTINGS = PLANNER_SETTINGS + DEMO_SETTINGS      # turingbox plan (and serv
 SERVE_SETTINGS = _names(_SERVE)
 CACHE_SETTINGS = _names(_CACHE)
 WARMUP_SETTINGS = _names(_WARMUP)
+LAUNCHER_SETTINGS = ("vllm_command", "vllm_stop_grace_seconds")   # serve's, read by warmup too (starts vLLM as serve)
 # What make_plan fills in for a setting the caller left out (None: decide automatically).
 PLANNER_DEFAULTS: dict[str, Any] = {s.name: s.default for s in _PLAN}
 
@@ -471,7 +487,7 @@ def _validate(setting: Setting, raw: str, source: str) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
-    """Add the flags of the named settings; values stay raw strings until resolve()."""
+    """Add the flags of the named settings; values stay raw strings until config.load()."""
     for name in names:
         s = REGISTRY[name]
         if s.parse is boolean:
@@ -480,37 +496,6 @@ def add_arguments(parser: argparse.ArgumentParser, names: Iterable[str]) -> None
         else:
             parser.add_argument(s.flag_name, dest=name, default=None, metavar="VALUE",
                                 help=f"{s.help} [env {s.env_name}]")
-
-
-def resolve(names: Iterable[str], args: argparse.Namespace | None = None,
-            env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Resolve each named setting once: flag > env > default; invalid -> UsageError."""
-    env = os.environ if env is None else env
-    out: dict[str, Any] = {}
-    for name in names:
-        s = REGISTRY[name]
-        raw_flag = getattr(args, name, None) if args is not None else None
-        if raw_flag is not None:
-            out[name] = _validate(s, raw_flag, f"{s.flag_name}")
-        elif env.get(s.env_name, "") != "":
-            out[name] = _validate(s, env[s.env_name], f"{s.env_name}")
-        else:
-            out[name] = s.default
-    return out
-
-
-def explicit(name: str, args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> bool:
-    """Whether a setting was given (by flag or a non-empty variable) rather than left at its default."""
-    env = os.environ if env is None else env
-    return (args is not None and getattr(args, name, None) is not None) or env.get(REGISTRY[name].env_name, "") != ""
-
-
-def env_state(name: str, env: Mapping[str, str] | None = None) -> str:
-    """How a setting's variable stands in the environment: "set", "empty" (set to "", which resolve treats
-    as unset) or "unset"; for messages that tell an empty variable from a missing one."""
-    env = os.environ if env is None else env
-    value = env.get(REGISTRY[name].env_name)
-    return "unset" if value is None else ("empty" if value == "" else "set")
 
 
 def redacted(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,13 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import logging
 
-from turingbox import settings
+from turingbox import config
 from turingbox.plan.types import Plan, load_saved_plan
-from turingbox.serve.options import SERVE_SETTINGS, ServeOptions
-
-log = logging.getLogger("turingbox.serve")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,9 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Plan for this machine's GPUs, prepare the compile caches, start vLLM on a loopback "
                     "port and serve it through the sidecar on the public port. Arguments after -- go to "
                     "vLLM last and win over the plan.")
-    plan_names = settings.PLAN_SETTINGS
-    settings.add_arguments(parser, plan_names)
-    settings.add_arguments(parser, [n for n in SERVE_SETTINGS if n not in plan_names])
+    plan_names = config.PLAN_SETTINGS
+    config.add_arguments(parser, plan_names)
+    config.add_arguments(parser, [n for n in config.SERVE_SETTINGS if n not in plan_names])
     parser.set_defaults(func=run)
 
 
@@ -30,17 +26,20 @@ def load_plan_file(path: str) -> Plan:
 def run(args: argparse.Namespace) -> int:
     from turingbox.serve.controller import serve
 
-    options = ServeOptions.from_settings(settings.resolve(SERVE_SETTINGS + settings.CACHE_SETTINGS, args))
+    loaded = config.load(args, groups=("serve", "cache"))
+    options = loaded.serve
     if options.plan_file:
         plan = load_plan_file(options.plan_file)
+        runtime_dir = config.given_value("runtime_dir", args)
 
         def plan_fn() -> Plan:
             return plan
     else:
         # Bad values end serve now (exit 2, one sentence) instead of leaving a sidecar that is never ready.
-        settings.resolve(settings.PLAN_SETTINGS, args)
+        planning = config.load(args, groups=("plan", "demo"))
+        runtime_dir = planning.plan.runtime_dir if "runtime_dir" in planning.plan.given else None
 
         def plan_fn() -> Plan:
-            from turingbox.plan.command import plan_from_args
-            return plan_from_args(args)
-    return serve(options, plan_fn, list(getattr(args, "vllm_passthrough", []) or []))
+            from turingbox.plan.from_settings import plan_from_settings
+            return plan_from_settings(planning.plan, planning.demo)
+    return serve(options, loaded.cache, plan_fn, list(getattr(args, "vllm_passthrough", []) or []), runtime_dir)

@@ -1,25 +1,23 @@
-"""`turingbox settings [--json | --markdown]`: every setting of the one table (turingbox.settings.SETTINGS) with
+"""What `turingbox settings [--json | --markdown]` prints (cli/settings.py): every setting of the one table (turingbox.config.SETTINGS) with
 its flag, variable, default, the commands that read it and its meaning.
 
 README.md's Configuration table is `turingbox settings --markdown`, pasted between marker comments
 (tests/unit/test_settings_doc.py fails when the two differ). READERS below says which commands read which
-settings; the same test checks it against the commands' parsers, and cli.py refuses a mistyped TURINGBOX_*
+settings; the same test checks it against the commands' parsers, and cli/__init__.py refuses a mistyped TURINGBOX_*
 variable (exit 2, the closest name) before any of these commands runs.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import tempfile
 from typing import Any
 
-from turingbox import settings as S
+from turingbox import config as S
 
 # (command as typed, settings it takes as flags, settings it reads from their variable only). A command
-# that resolves any setting is listed here; cli.py refuses unknown TURINGBOX_* variables for exactly these.
-_LAUNCHER = ("vllm_command", "vllm_stop_grace_seconds")      # warmup starts vLLM as serve does
+# that resolves any setting is listed here; cli/__init__.py refuses unknown TURINGBOX_* variables for exactly these.
+_LAUNCHER = S.LAUNCHER_SETTINGS      # warmup starts vLLM as serve does
 _WARMUP_FLAGS = S.PLAN_SETTINGS + S.CACHE_SETTINGS + S.WARMUP_SETTINGS
 READERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("plan", S.PLAN_SETTINGS, ()),
@@ -30,7 +28,7 @@ READERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("cache show", ("cache_dir", "baked_cache_dir"), ()),
     ("cache verify", ("cache_dir", "baked_cache_dir"), ()),
     ("demo-model", S.DEMO_SETTINGS, ()),          # as --models-dir, --awq and --layers
-    # its plan line plans as `plan` does: plan/doctor_check.py's DOCTOR_FLAGS (--gpus-json) as flags, which the
+    # its plan line plans as `plan` does: cli/doctor_check.py's DOCTOR_FLAGS (--gpus-json) as flags, which the
     # plugin's cli.py adds through doctor.add_arguments, the other plan settings from their variables
     ("doctor", ("gpus_json",), tuple(n for n in S.PLAN_SETTINGS if n != "gpus_json")),
     # the plugin's benches take the sidecar's key as their --api-key default (the plugin reads the variable itself)
@@ -64,7 +62,7 @@ def shown_default(setting: S.Setting) -> str:
     """The default as a person writes the variable; "" when unset (automatic or off, the meaning says which).
     Paths under the home or temporary directory are shown as ~ and $TMPDIR, so the listing is the same on
     every machine (the README holds it)."""
-    value = setting.default
+    value = setting.default_value()
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -89,7 +87,7 @@ def rows() -> list[dict[str, Any]]:
     out = []
     for s in S.SETTINGS:
         out.append({"name": s.name, "variable": s.env_name, "flag": s.flag_name,
-                    "default": None if s.secret else s.default, "default_shown": shown_default(s),
+                    "default": None if s.secret else s.default_value(), "default_shown": shown_default(s),
                     "read_by": [{"command": c, "as": how} for c, how in readers(s.name)],
                     "meaning": s.help, "secret": s.secret})
     return out
@@ -120,22 +118,3 @@ def text() -> str:
             "\"(variable)\": that command reads the variable but has no flag for it.",
             "Other TURINGBOX_* names, not settings: " + ", ".join(S.OTHER_VARIABLES) + "."]
     return "\n".join(out) + "\n"
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("settings", help="list every setting: flag, variable, default, the commands that read it",
-                       description="Every TURINGBOX_* setting with its flag, default, the commands that read it "
-                                   "and what it means.")
-    how = p.add_mutually_exclusive_group()
-    how.add_argument("--json", action="store_true", help="print the settings as JSON")
-    how.add_argument("--markdown", action="store_true", help="print the README's Configuration table")
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.json:
-        doc = {"settings": rows(), "other_variables": dict(S.OTHER_VARIABLES)}
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-    else:
-        sys.stdout.write(markdown() if args.markdown else text())
-    return 0

@@ -13,18 +13,20 @@ DOCTOR_FLAGS = ("gpus_json",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from turingbox import settings
-    settings.add_arguments(parser, DOCTOR_FLAGS)
+    from turingbox import config
+    config.add_arguments(parser, DOCTOR_FLAGS)
 
 
 def check_plan(model_dir: str | None, args: argparse.Namespace | None = None) -> Check:
     """Plan as `turingbox plan` would: MODEL, else TURINGBOX_MODEL, else the built-in demo (not written)."""
-    from turingbox.plan.command import plan_from_args
+    from turingbox import config
+    from turingbox.plan.from_settings import plan_from_settings
 
     ns = argparse.Namespace(**vars(args)) if args is not None else argparse.Namespace()
     ns.model = model_dir          # doctor's MODEL argument is the `model` setting's flag
     try:
-        plan = plan_from_args(ns, write_demo=False)
+        settings = config.load(ns, groups=("plan", "demo"))
+        plan = plan_from_settings(settings.plan, settings.demo, write_demo=False)
     except Exception as exc:  # the planner's and the settings' errors are one sentence already
         return Check("plan", FAIL, " ".join(str(exc).split()) if str(exc) else type(exc).__name__)
     what = f"the built-in demo ({'AWQ INT4' if plan.quantization else plan.dtype})" if plan.demo else plan.model

@@ -1,7 +1,8 @@
-"""`turingbox` console script: one subcommand per feature module.
+"""`turingbox` console script: one module per command in this package (the edge of the appliance).
 
-Each command module exposes `register(subparsers)`, which adds its parser and sets
-`func(args) -> int`. Bad input anywhere ends in one sentence on stderr and exit code 2.
+Each command module exposes `register(subparsers)`, which adds its parser and sets `func(args) -> int`; `func`
+loads its settings once (turingbox.config.load) and makes one call into the core. Bad input anywhere ends in one
+sentence on stderr and exit code 2.
 """
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from turingbox.errors import UsageError
 
 # Where each group of subcommands lives; the order is the order of `turingbox --help`.
 COMMAND_MODULES = (
-    "turingbox.plan.command",          # plan
-    "turingbox.settings_doc",          # settings
-    "turingbox.serve.command",         # serve
-    "turingbox.model.command",         # demo-model
-    "turingbox.serve.warmup_command",  # warmup, cache
+    "turingbox.cli.plan",              # plan
+    "turingbox.cli.settings",          # settings
+    "turingbox.cli.serve",             # serve
+    "turingbox.cli.demo_model",        # demo-model
+    "turingbox.cli.warmup",            # warmup
+    "turingbox.cli.cache",             # cache show / verify / seed
     "turingbox_plugin.cli",            # doctor, verify, check-model, bench (usable without the appliance)
 )
 
@@ -46,10 +48,10 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
 def _refuse_mistyped_settings(args: argparse.Namespace) -> None:
     """A command that reads settings stops before any work at a TURINGBOX_* name that is no setting: a typo
     (MAX_MODEL_LENGTH for MAX_MODEL_LEN) would otherwise be ignored and the default served without a word."""
-    from turingbox import settings
-    from turingbox.settings_doc import READING_COMMANDS, command_of
+    from turingbox import config
+    from turingbox.config.doc import READING_COMMANDS, command_of
     if command_of(args) in READING_COMMANDS:
-        settings.refuse_unknown_variables()
+        config.refuse_unknown_variables()
 
 
 def main(argv: list[str] | None = None) -> int:

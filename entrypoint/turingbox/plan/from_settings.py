@@ -1,0 +1,87 @@
+"""Plan from the typed settings: read the GPUs and the model (a directory, a Hugging Face id or the built-in demo
+model, plan/demo_choice.py), then the pure `turingbox.plan.planner.make_plan`.
+
+The side effects live here (NVML or --gpus-json, config.json, the hub, package versions); the decisions live in
+the planner. serve, warmup, doctor and the FlashInfer build call plan_from_settings with what they loaded once.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from typing import Mapping
+
+from turingbox import config
+from turingbox.config import DemoSettings, PlanSettings
+from turingbox.errors import UsageError
+from turingbox.plan.types import Plan
+
+
+def _software() -> dict[str, str]:
+    from turingbox.cache.fingerprint import software_versions
+    return software_versions()
+
+
+def _load_model(path: str):
+    from turingbox_plugin.errors import ToolError
+    where = f"{config.REGISTRY['model'].flag_name}/{config.REGISTRY['model'].env_name} {path}"
+    if os.path.isfile(path):
+        raise UsageError(f"{where} is a file; it must be the model directory that holds config.json"
+                         + (f" (here {os.path.dirname(path)})." if os.path.basename(path) == "config.json" else "."))
+    if not os.path.exists(path):
+        raise UsageError(f"{where} does not exist; it must be the model directory that holds config.json.")
+    from turingbox_plugin.contract import load_model_config
+    try:
+        return load_model_config(path)
+    except ToolError as exc:       # one sentence either way; callers catch UsageError
+        raise UsageError(str(exc)) from None
+
+
+def _plan_hub(inventory, settings: PlanSettings, demo: DemoSettings, software: dict, write: bool) -> Plan:
+    """A Hugging Face id: plan from its config.json (turingbox.model.hub.model_config) for the snapshot directory
+    serve keeps it in, served under the hub id unless --served-model-name says otherwise.
+
+    write True (serve, warmup): config.json, the hub's listing and the ref go into the models volume; the weights
+    follow in serve's downloading stage (hub.ensure_snapshot), after this plan showed they fit. write False
+    (`turingbox plan`): nothing is written; config.json is read from the volume, or from the hub into memory, and
+    the first reason says what serve would download.
+    """
+    import hashlib
+
+    from turingbox.model import hub
+    from turingbox.plan.planner import make_plan
+    from turingbox_plugin.errors import ToolError
+    from turingbox_plugin.contract import model_config_from_dict
+
+    source = hub.model_config(settings.model, settings.model_revision, demo.models_dir, write=write)
+    digest = hashlib.sha256(json.dumps(source.config, sort_keys=True).encode()).hexdigest()   # load_model_config's
+    try:
+        model = model_config_from_dict(source.config, source.path, digest)
+    except ToolError as exc:
+        raise UsageError(f"{settings.model}: {exc}") from None
+    except (TypeError, ValueError, KeyError) as exc:
+        raise UsageError(f"{settings.model}: its {hub.CONFIG_FILE} has an unexpected value ({exc}).") from None
+    plan = make_plan(inventory, model, replace(settings, served_model_name=settings.served_model_name
+                                               or settings.model), software)
+    return replace(plan, reasons=(source.note, *plan.reasons))
+
+
+def plan_from_settings(settings: PlanSettings, demo: DemoSettings, *, write_demo: bool = True,
+                       environ: Mapping[str, str] | None = None) -> Plan:
+    """Read the GPUs and the model (or the demo model), plan.
+
+    write_demo: build the chosen demo model directory (serve and warmup need it on disk); `turingbox
+    plan` passes False and plans from the demo's in-memory config. environ: where GPU visibility is read
+    (NVIDIA_VISIBLE_DEVICES/CUDA_VISIBLE_DEVICES; the process environment when None).
+    """
+    from turingbox.gpus.inventory import read_inventory
+    from turingbox.plan.demo_choice import plan_demo
+    from turingbox.plan.planner import make_plan
+
+    inventory = read_inventory(settings.gpus_json, environ)
+    software = _software()
+    if config.is_hub_id(settings.model):
+        return _plan_hub(inventory, settings, demo, software, write=write_demo)
+    if settings.model:
+        return make_plan(inventory, _load_model(settings.model), settings, software)
+    return plan_demo(inventory, settings, demo, software, write_demo)
