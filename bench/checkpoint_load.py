@@ -304,7 +304,7 @@ def breakdown(specs: Iterable[TensorSpec]) -> dict[str, int]:
 
 def default_vllm_src() -> str | None:
     try:
-        from turingbox.build.aot_specs.derive import default_vllm_src as repo_default
+        from turingbox_warmup.image.aot_specs.derive import default_vllm_src as repo_default
         src = repo_default()
     except Exception:   # noqa: BLE001  (the repo's helper moved or failed: fall back to the test copy)
         src = None

@@ -19,7 +19,7 @@ import pytest
 
 from turingbox_warmup import bake
 from turingbox.cache import store
-from plan_factory import cache_settings
+from tests.plan_factory import cache_settings
 
 pytestmark = pytest.mark.docker
 

@@ -59,7 +59,7 @@ def warmup(box, *args, extra_env=None, popen=False):
 
 
 def expected_plan(box):
-    from plan_factory import plan_from_env
+    from tests.plan_factory import plan_from_env
     return plan_from_env(box["env"])
 
 
@@ -139,7 +139,7 @@ def test_seed_only_leaves_a_complete_verified_entry_that_serve_then_hits(box):
     assert turingbox_temporaries(box["tmpdir"]) == []           # its mkdtemp runtime dir went with it
 
     # What serve does next: the same plan finds a hit for every cache the engine filled.
-    from plan_factory import cache_settings
+    from tests.plan_factory import cache_settings
     session = store.prepare_cache(plan, cache_settings(box["root"]))
     assert session.status["result"] == "hit" and session.status["caches"]["triton"] == "hit"
     assert session.status["caches"]["vllm"] == "hit"

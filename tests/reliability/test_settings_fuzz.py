@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from tests.reliability.serve_env import REPO, REPO_PYTHONPATH
 from tests.sidecar.sidecar_harness import H200, make_model_dir
 
-from turingbox import cli, settings as S
+from turingbox import cli, config as S
 from turingbox.errors import UsageError
 from turingbox.config import PLAN_SETTINGS      # the one table: REGISTRY holds every setting
 

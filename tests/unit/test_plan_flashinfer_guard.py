@@ -16,7 +16,7 @@ from turingbox.errors import PlanError
 from turingbox.gpus.inventory import read_inventory
 from turingbox.plan import from_settings as plan_command
 from turingbox.plan.planner import flashinfer_sm75_problem, make_plan
-from plan_factory import plan_settings
+from tests.plan_factory import plan_settings
 from turingbox_plugin.model_config import load_model_config
 
 from tests.unit.test_planner import FIXTURES, SOFTWARE, write_model  # noqa: E402

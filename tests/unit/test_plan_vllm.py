@@ -23,7 +23,7 @@ from tests.unit.test_planner import AWQ, FIXTURES, SOFTWARE, write_model
 from turingbox.gpus.inventory import read_inventory
 from turingbox.errors import UsageError
 from turingbox.plan.planner import make_plan
-from plan_factory import plan_settings
+from tests.plan_factory import plan_settings
 from turingbox_plugin.model_config import load_model_config
 
 REPO = Path(__file__).resolve().parents[2]

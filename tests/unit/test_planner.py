@@ -18,7 +18,7 @@ from turingbox.gpus.inventory import read_inventory
 from turingbox.plan import memory as mem
 from turingbox.plan import planner
 from turingbox.plan.planner import legal_tps, make_plan, tp_problem
-from plan_factory import plan_settings
+from tests.plan_factory import plan_settings
 from turingbox.config import PlanSettings
 from turingbox_plugin.model_config import load_model_config
 

@@ -12,7 +12,7 @@ import pytest
 
 from turingbox import config as S
 from turingbox.engine.launch import flag_value, vllm_argv
-from plan_factory import plan_from_env
+from tests.plan_factory import plan_from_env
 from turingbox_plugin.activation import CONFIG_KEY, PluginSettings, resolve_settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import re
 from typing import Mapping, Sequence
 
 from turingbox.errors import PlanError, UsageError
-from turingbox.gpus.inventory import Gpu, pci_sort_key
+from turingbox.gpus.device import Gpu, pci_sort_key
 
 ALL = "all"
 NONE_WORDS = ("none", "void")

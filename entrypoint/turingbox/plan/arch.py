@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from turingbox.errors import UsageError
-from turingbox.gpus.inventory import Gpu
+from turingbox.gpus.device import Gpu
 from turingbox.config import BACKENDS, KV_DTYPES, MTP_MAX  # noqa: F401  (the settings' vocabulary, re-exported)
 from turingbox.config import PlanSettings
 

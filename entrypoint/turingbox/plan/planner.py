@@ -14,7 +14,8 @@ from typing import Any, Mapping, Sequence
 
 from turingbox.cache.fingerprint import cache_key, fingerprint_inputs
 from turingbox.errors import PlanError, UsageError
-from turingbox.gpus.inventory import Gpu, Inventory, pci_sort_key
+from turingbox.gpus.device import Gpu, pci_sort_key
+from turingbox.gpus.inventory import Inventory
 from turingbox.gpus.visibility import cuda_visible_devices
 from turingbox.model.tokenizer import CHAT_TEMPLATE_FILE
 from turingbox.plan import arch as archmod
