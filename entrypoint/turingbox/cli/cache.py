@@ -30,11 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    # local: every command builds this parser; warmup_command only for this action (126 ms)
     from turingbox.serve.warmup_command import show
     return show(config.load(args, groups=("cache",)).cache, bool(args.json))
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    # local: every command builds this parser; warmup_command only for this action (126 ms)
     from turingbox.serve.warmup_command import verify
     return verify(config.load(args, groups=("cache",)).cache, args.keys, bool(getattr(args, "baked", False)),
                   bool(args.json))

@@ -23,6 +23,7 @@ from turingbox.config import CacheSettings, LauncherSettings, WarmupSettings
 from turingbox.engine.engine import Engine, EngineNotAnswering, EngineUnfit
 from turingbox.engine.launch import parent_env, vllm_env
 from turingbox.errors import UsageError
+from turingbox.model import hub
 from turingbox.plan.types import Plan
 from turingbox.serve.active_warmup import run_active_warmup
 from turingbox.serve.stages import GRAPH_COMPILED
@@ -138,7 +139,6 @@ def _ensure_model(plan: Plan) -> None:
     """A plan on a hub snapshot (TURINGBOX_MODEL=org/name): the files the models volume lacks, as serve's
     downloading stage fetches them (resumed, verified; offline: a sentence naming what is missing), so the engine
     below never downloads. A plain model directory: nothing to do."""
-    from turingbox.model import hub
     if hub.parse_snapshot_dir(plan.model) is None:
         return
     stage("download", plan.model)
