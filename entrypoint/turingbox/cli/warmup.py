@@ -1,5 +1,5 @@
 """`turingbox warmup [--seed-only]` (and `turingbox cache seed`, the same with --seed-only): fill the cache entry
-for this plan (serve/warmup_command.py does the work)."""
+for this plan (turingbox_warmup/seed.py does the work)."""
 from __future__ import annotations
 
 import argparse
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # local: every command builds this parser; the engine start and active warmup only when warming (126 ms)
-    from turingbox.serve.warmup_command import warmup
+    from turingbox_warmup.seed import warmup
 
     # every setting this command reads, loaded once, before any work (bad input first)
     planning = () if getattr(args, "plan_json", None) else ("plan", "demo")
