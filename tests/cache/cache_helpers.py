@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from turingbox.cache import fingerprint
+from turingbox.plan import fingerprint
 
 SOFTWARE = {"vllm": "0.21.0", "torch": "2.11.0+cu130", "triton": "3.6.0",
             "flashinfer-python": "0.6.8.post1", "turingbox-plugin": "0.1.0"}

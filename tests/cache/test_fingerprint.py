@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from turingbox.cache import fingerprint, store
+from turingbox.cache import store
+from turingbox.plan import fingerprint
 from tests.cache.cache_helpers import PLAN, SOFTWARE, make_plan
 from tests.plan_factory import cache_settings
 
@@ -48,7 +49,6 @@ def test_each_software_version_changes_the_key(package):
 
 
 def test_the_key_revision_changes_the_key(monkeypatch):
-    from turingbox.cache import fingerprint
     before = make_plan()["cache_key"]
     monkeypatch.setattr(fingerprint, "KEY_REVISION", fingerprint.KEY_REVISION + 1)
     assert make_plan()["cache_key"] != before

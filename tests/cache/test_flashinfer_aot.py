@@ -282,7 +282,7 @@ def test_a_new_cache_entry_starts_with_the_baked_modules(tmp_path):
     fa.export_module(fake_build(tmp_path, rec), str(aot), rec, {})
     inputs = {"software": {}, "gpu_name": "NVIDIA GeForce RTX 2080 Ti", "compute_capability": "7.5", "plan": {},
               "model_config_hash": "x"}
-    from turingbox.cache.fingerprint import cache_key
+    from turingbox.plan.fingerprint import cache_key
     plan = {"cache_inputs": inputs, "cache_key": cache_key(inputs)}
     s = store.prepare_cache(plan, cache_settings(str(tmp_path / "root"), {"TURINGBOX_AOT_FLASHINFER_DIR": str(aot)}, baked_cache_dir=""))
     try:

@@ -68,3 +68,9 @@ def test_from_dict_names_missing_keys(plan):
         Plan.from_dict(d)
     with pytest.raises(ValueError, match="not an object"):
         Plan.from_dict([1, 2])
+
+
+def test_the_cache_key_is_the_plans_hash_of_its_cache_inputs(plan):
+    assert plan.compute_hash() == plan.cache_key == Plan.from_dict(plan.to_dict()).compute_hash()
+    assert plan.cache_inputs["plan"]["max_num_seqs"] == plan.max_num_seqs
+    assert dataclasses.replace(plan, cache_inputs={**plan.cache_inputs, "gpu_name": "other"}).compute_hash() != plan.cache_key

@@ -33,8 +33,9 @@ import tempfile
 from typing import Any, Mapping
 
 from turingbox import __version__, config
-from turingbox.cache import fingerprint, store
+from turingbox.cache import store
 from turingbox.config import envs
+from turingbox.plan import fingerprint
 from turingbox_warmup.image import flashinfer_aot
 
 DEFAULT_BAKED_DIR = "/opt/turingbox/baked-cache"

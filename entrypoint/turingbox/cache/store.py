@@ -31,10 +31,11 @@ from typing import Any, Callable, Mapping
 import filelock
 
 from turingbox import __version__
-from turingbox.cache import fingerprint
 from turingbox.cache.flashinfer_prebuilt import seed_workspace
 from turingbox.config import CacheSettings
 from turingbox.errors import UsageError
+from turingbox.plan import fingerprint
+from turingbox.plan.types import Plan
 
 log = logging.getLogger("turingbox.cache")
 
@@ -610,22 +611,19 @@ def _private_copy(key: str, sources: list[str | None], inputs: Mapping[str, Any]
         raise
 
 
-def plan_fingerprint(plan: Any) -> tuple[str, dict[str, Any]]:
-    """(key, inputs) of a plan: a turingbox.plan.types.Plan (its cache_inputs/cache_key attributes; the cache
-    layer sits below the planner, so it does not import the type) or a plan's JSON object."""
-    if isinstance(plan, Mapping):
-        inputs, stated = plan.get("cache_inputs"), plan.get("cache_key")
-    else:
-        inputs, stated = getattr(plan, "cache_inputs", None), getattr(plan, "cache_key", None)
-    if not isinstance(inputs, dict):
+def plan_fingerprint(plan: Plan | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(key, inputs) of a Plan or of a plan's JSON object (`turingbox plan --json`, a baked image's label)."""
+    inputs = plan.cache_inputs if isinstance(plan, Plan) else plan.get("cache_inputs")
+    stated = plan.cache_key if isinstance(plan, Plan) else plan.get("cache_key")
+    if not isinstance(inputs, Mapping):
         raise UsageError("The plan has no cache_inputs, so no cache entry can be chosen for it.")
-    key = fingerprint.cache_key(inputs)
+    key = plan.compute_hash() if isinstance(plan, Plan) else fingerprint.cache_key(inputs)
     if stated not in (None, key):
         log.warning("plan cache_key %s does not match its cache_inputs (%s); using %s", stated, key, key)
-    return key, inputs
+    return key, dict(inputs)
 
 
-def prepare_cache(plan: Any, settings: CacheSettings, *, min_free_bytes: int = MIN_FREE_BYTES) -> CacheSession:
+def prepare_cache(plan: Plan | Mapping[str, Any], settings: CacheSettings, *, min_free_bytes: int = MIN_FREE_BYTES) -> CacheSession:
     """Choose (and if needed repair or create) the cache entry for `plan` under settings.cache_dir (consulting
     settings.baked_cache_dir, waiting settings.cache_lock_wait for another writer); see the module doc."""
     key, inputs = plan_fingerprint(plan)

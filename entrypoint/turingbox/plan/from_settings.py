@@ -18,6 +18,7 @@ from turingbox.errors import UsageError
 from turingbox.gpus.inventory import read_inventory
 from turingbox.model import hub
 from turingbox.plan.demo_choice import plan_demo
+from turingbox.plan.fingerprint import software_versions
 from turingbox.plan.planner import make_plan
 from turingbox.plan.types import Plan
 from turingbox_plugin.contract import load_model_config, model_config_from_dict
@@ -25,7 +26,6 @@ from turingbox_plugin.errors import ToolError
 
 
 def _software() -> dict[str, str]:
-    from turingbox.cache.fingerprint import software_versions
     return software_versions()
 
 

@@ -12,7 +12,6 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from turingbox.cache.fingerprint import cache_key, fingerprint_inputs
 from turingbox.errors import PlanError, UsageError
 from turingbox.gpus.device import Gpu, pci_sort_key
 from turingbox.gpus.inventory import Inventory
@@ -721,8 +720,7 @@ def _assemble(c: Candidate, model: ModelConfig, s: PlanSettings, software: Mappi
         cache_key="",
     )
     plan = replace(plan, vllm_args=vllm_args(plan, model))
-    inputs = fingerprint_inputs(plan.to_dict(), gpu.name, gpu.compute_capability, software, model.config_hash)
-    return replace(plan, cache_inputs=inputs, cache_key=cache_key(inputs))
+    return plan.fingerprinted(software, model.config_hash)
 
 
 def text_only_plan(model: ModelConfig) -> bool:

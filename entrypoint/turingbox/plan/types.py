@@ -11,10 +11,11 @@ out, so a caller never shares a mutable part of a Plan.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 from turingbox.errors import UsageError
+from turingbox.plan import fingerprint
 # additional_config["turingbox"]: the plugin's contract, typed once there (the plan's "plugin" key)
 from turingbox_plugin.contract import PluginConfig
 
@@ -55,8 +56,20 @@ class Plan:
     env: Mapping[str, str | None]               # None = remove the variable from vLLM's environment
     vllm_args: tuple[str, ...]                  # the exact argv after `vllm` (planner.vllm_args)
     reasons: tuple[str, ...]                    # one sentence per automatic decision
-    cache_inputs: Mapping[str, Any]             # cache.fingerprint.fingerprint_inputs
-    cache_key: str
+    cache_inputs: Mapping[str, Any]             # plan/fingerprint.py's fingerprint_inputs
+    cache_key: str                              # compute_hash() when the plan was made
+
+    def compute_hash(self) -> str:
+        """The cache key: the hash of cache_inputs, everything of this plan that changes compiled code."""
+        return fingerprint.cache_key(self.cache_inputs)
+
+    def fingerprinted(self, software: Mapping[str, str], model_config_hash: str) -> Plan:
+        """This plan with its cache_inputs (its kernel fields, GPU, `software` versions, model config hash) and
+        their cache_key filled in."""
+        inputs = fingerprint.fingerprint_inputs(self.to_dict(), self.gpu_name, self.compute_capability, software,
+                                                model_config_hash)
+        with_inputs = replace(self, cache_inputs=inputs)
+        return replace(with_inputs, cache_key=with_inputs.compute_hash())
 
     def to_dict(self) -> dict[str, Any]:
         """The plan JSON object (a fresh copy: lists, dicts)."""
@@ -108,13 +121,12 @@ def load_saved_plan(path: str, flag: str) -> Plan:
         raise UsageError(f"{flag} {path!r} is not valid JSON ({exc}).") from None
     if not isinstance(data, dict):
         raise UsageError(f"{flag} {path!r} is not a turingbox plan (a JSON object from `turingbox plan --json`).")
-    from turingbox.cache.fingerprint import KEY_REVISION
     inputs = data.get("cache_inputs")
     revision = inputs.get("revision", 1) if isinstance(inputs, dict) else None
-    if revision is not None and revision != KEY_REVISION:
+    if revision is not None and revision != fingerprint.KEY_REVISION:
         # its vLLM argv and cache key are what an older turingbox planned: a hit on an entry vLLM cannot use
         raise UsageError(f"{flag} {path!r} was planned by an older turingbox (cache key revision {revision}, this "
-                         f"one is {KEY_REVISION}); write it again with `turingbox plan --json`.")
+                         f"one is {fingerprint.KEY_REVISION}); write it again with `turingbox plan --json`.")
     try:
         return Plan.from_dict(data)
     except (ValueError, TypeError) as exc:

@@ -1,4 +1,6 @@
-"""The cache fingerprint: everything that changes compiled code, hashed to one `cache_key`.
+"""The plan's fingerprint: everything of a plan that changes compiled code, hashed to one `cache_key`
+(`Plan.fingerprinted` fills a plan's `cache_inputs` and `cache_key`, `Plan.compute_hash` hashes them again;
+cache/ keeps one entry per key).
 
 Pure functions of their inputs; `software_versions()` reads package metadata only (it never
 imports torch or vLLM, so it is cheap and initialises no CUDA).
