@@ -49,7 +49,7 @@ def test_to_dict_is_the_json_contract_and_round_trips(plan):
     # a copy: changing the dict leaves the plan alone
     d["env"]["CUDA_VISIBLE_DEVICES"] = "9"
     d["memory"]["block_size"] = -1
-    assert plan.env["CUDA_VISIBLE_DEVICES"] != "9" and plan.memory["block_size"] != -1
+    assert plan.env["CUDA_VISIBLE_DEVICES"] != "9" and plan.memory.block_size != -1
 
 
 def test_vllm_args_carry_the_typed_fields(plan):
@@ -74,3 +74,26 @@ def test_the_cache_key_is_the_plans_hash_of_its_cache_inputs(plan):
     assert plan.compute_hash() == plan.cache_key == Plan.from_dict(plan.to_dict()).compute_hash()
     assert plan.cache_inputs["plan"]["max_num_seqs"] == plan.max_num_seqs
     assert dataclasses.replace(plan, cache_inputs={**plan.cache_inputs, "gpu_name": "other"}).compute_hash() != plan.cache_key
+
+
+# The plan JSON's "memory" object today, in its order (docs/planning.md shows it).
+MEMORY_KEYS = ["gpu_total_gib", "gpu_free_gib", "gpu_memory_utilization", "requested_gib", "outside_budget_gib",
+               "outside_budget_mib", "weights_gib", "weights_breakdown_gib", "activation_gib", "non_torch_gib",
+               "cudagraph_gib", "kv_cache_gib", "kv_cache_bytes", "kv_cache_tokens", "kv_safety_margin_gib",
+               "kv_needed_gib", "kv_all_seqs_at_max_len_gib", "kv_bytes_per_token", "gdn_state_per_seq_gib",
+               "num_gpu_blocks", "block_size", "page_size_bytes", "layers_per_pool_block", "kv_cache_groups",
+               "max_concurrency_at_max_len"]
+
+
+def test_the_memory_breakdown_is_typed_and_its_json_unchanged(plan):
+    m = plan.to_dict()["memory"]
+    assert list(m) == MEMORY_KEYS
+    assert list(m["outside_budget_mib"]) == ["cuda_context_mib", "nccl_mib", "flashinfer_workspace_mib",
+                                             "post_kv_slack_mib", "shared_gpu_headroom_mib"]
+    assert list(m["weights_breakdown_gib"]) == ["layers", "embeddings", "mtp", "vision", "other"]
+    assert list(m["kv_cache_groups"]) == ["attention", "gdn"]
+    assert plan.memory.kv_cache_groups.attention == m["kv_cache_groups"]["attention"] >= 1
+    assert abs(plan.memory.outside_budget_mib.total_mib / 1024 - plan.memory.outside_budget_gib) < 0.001
+    del m["outside_budget_mib"]["nccl_mib"]
+    with pytest.raises(ValueError, match="memory.outside_budget_mib lacks nccl_mib"):
+        Plan.from_dict({**plan.to_dict(), "memory": m})

@@ -112,7 +112,7 @@ def test_every_fixture_plan_passes_vllm(vllm_cpu, plans):
     dp_seen = 0
     for name, plan, model in plans:
         vllm_cpu.update(cc=tuple(map(int, plan.compute_capability.split("."))), name=plan.gpu_name,
-                        total=int(plan.memory["gpu_total_gib"] * (1 << 30)))
+                        total=int(plan.memory.gpu_total_gib * (1 << 30)))
         argv = list(plan.vllm_args)
         assert argv[0] == "serve"
         parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
@@ -138,12 +138,12 @@ def test_every_fixture_plan_passes_vllm(vllm_cpu, plans):
         mamba_page = MambaSpec(shapes=shapes, dtypes=(act, torch.float32), block_size=-1).page_size_bytes
         # platforms/interface.py _align_hybrid_block_size (kernel alignment 16, mamba_cache_mode align)
         block = 16 * math.ceil(mamba_page / (16 * attn1.page_size_bytes))
-        assert block == m["block_size"], name
+        assert block == m.block_size, name
         page = block * attn1.page_size_bytes
         attn = FullAttentionSpec(block_size=block, num_kv_heads=kv_heads, head_size=model.head_dim, dtype=kv_dtype)
         mamba = MambaSpec(shapes=shapes, dtypes=(act, torch.float32), block_size=block, page_size_padded=page,
                           mamba_cache_mode="align" if plan.prefix_caching else "none", num_speculative_blocks=k)
-        g = m["layers_per_pool_block"]
+        g = m.layers_per_pool_block
         n_attn = model.num_full_attention_layers + model.mtp_num_hidden_layers
         groups = [KVCacheGroupSpec([f"attn.{i}" for i in range(j, min(j + g, n_attn))], attn)
                   for j in range(0, n_attn, g)]
@@ -155,11 +155,11 @@ def test_every_fixture_plan_passes_vllm(vllm_cpu, plans):
             parallel_config=types.SimpleNamespace(decode_context_parallel_size=1, prefill_context_parallel_size=1),
             cache_config=types.SimpleNamespace(mamba_cache_mode=mamba.mamba_cache_mode, num_gpu_blocks_override=None))
         need = kvu._max_memory_usage_bytes_from_groups(cfg, groups)
-        assert abs(need - m["kv_needed_gib"] * (1 << 30)) <= 0.0006 * (1 << 30), name
+        assert abs(need - m.kv_needed_gib * (1 << 30)) <= 0.0006 * (1 << 30), name
         # vLLM's start check: one max_model_len request must fit the pool (raises ValueError otherwise).
-        usable = m["kv_cache_bytes"] - int(m["kv_safety_margin_gib"] * (1 << 30))
+        usable = m.kv_cache_bytes - int(m.kv_safety_margin_gib * (1 << 30))
         kvu._check_enough_kv_cache_memory(usable, lambda: need, plan.max_model_len, lambda _: 0)
-        assert kvu.get_num_blocks(cfg, g, m["kv_cache_bytes"], page) == m["num_gpu_blocks"], name
+        assert kvu.get_num_blocks(cfg, g, m.kv_cache_bytes, page) == m.num_gpu_blocks, name
     assert dp_seen, "no fixture plan exercised --data-parallel-size"
 
 

@@ -99,8 +99,8 @@ def _seed(p):
     assert p.tensor_parallel_size == 4 and p.num_speculative_tokens == 4
     assert p.max_model_len == 262144
     assert (p.dtype, p.attention_backend, p.kv_cache_dtype) == ("half", "FLASHINFER", "fp8")
-    assert 10 <= p.memory["kv_cache_gib"] <= 16
-    assert p.memory["kv_cache_tokens"] >= 262144 * p.max_num_seqs
+    assert 10 <= p.memory.kv_cache_gib <= 16
+    assert p.memory.kv_cache_tokens >= 262144 * p.max_num_seqs
     assert p.max_num_seqs >= 2
     assert p.excluded_gpus == ()
     a = p.vllm_args
@@ -112,7 +112,7 @@ def _seed(p):
 def _two(p):
     assert p.tensor_parallel_size == 2 and p.num_speculative_tokens == 3
     # Twice the weights per GPU of TP=4, so less KV than the seed but still one full context.
-    assert 4 <= p.memory["kv_cache_gib"] <= 12 and p.max_model_len == 262144
+    assert 4 <= p.memory.kv_cache_gib <= 12 and p.max_model_len == 262144
 
 
 def _three(p):
@@ -125,8 +125,8 @@ def _three(p):
 def _eight(p):
     # 8 divides 24 heads and 16/48 GDN heads; 4 KV heads are replicated (1 per rank).
     assert p.tensor_parallel_size == 8 and p.num_speculative_tokens == 4
-    assert p.memory["kv_bytes_per_token"] == 17 * 2 * 1 * 256 * 1      # 17 layers, K+V, 1 head, fp8
-    assert p.memory["block_size"] < 1024                                 # GDN state per rank is 1/8
+    assert p.memory.kv_bytes_per_token == 17 * 2 * 1 * 256 * 1      # 17 layers, K+V, 1 head, fp8
+    assert p.memory.block_size < 1024                                 # GDN state per rank is 1/8
 
 
 def _six(p):
@@ -144,13 +144,13 @@ def _mixed_arch(p):
 
 
 def _mixed_mem(p):
-    assert p.tensor_parallel_size == 2 and p.memory["gpu_total_gib"] == 22.0
+    assert p.tensor_parallel_size == 2 and p.memory.gpu_total_gib == 22.0
     assert sorted(e["index"] for e in p.excluded_gpus) == [2, 3]
 
 
 def _desktop(p, reference_util=0.9):
     # GPU 0 has a desktop on it: free memory decides, and 0.5 GiB more is kept back.
-    assert p.memory["outside_budget_mib"]["shared_gpu_headroom_mib"] == 512
+    assert p.memory.outside_budget_mib.shared_gpu_headroom_mib == 512
     assert p.gpu_memory_utilization < 0.9
     assert p.tensor_parallel_size == 4
 
@@ -159,9 +159,9 @@ def _h200(p):
     # bf16 27B on 140 GiB: ~51 GiB weights, ~80 GiB of KV; 262144 x 17 x 2048 B (fp8, 4 KV heads).
     assert (p.tensor_parallel_size, p.dtype, p.attention_backend) == (1, "bfloat16", "FLASH_ATTN")
     assert p.num_speculative_tokens == 3 and p.gdn_prefill_backend == "triton"
-    assert 45 <= p.memory["weights_gib"] <= 56
-    assert 70 <= p.memory["kv_cache_gib"] <= 90
-    assert p.memory["kv_bytes_per_token"] == 17 * 2 * 4 * 256
+    assert 45 <= p.memory.weights_gib <= 56
+    assert 70 <= p.memory.kv_cache_gib <= 90
+    assert p.memory.kv_bytes_per_token == 17 * 2 * 4 * 256
     assert p.max_model_len == 262144 and p.max_num_seqs >= 4
     assert "--disable-custom-all-reduce" not in p.vllm_args
     # the real model serves images: its API server imports the model class (CUDA), so vLLM's spawn stays
@@ -171,7 +171,7 @@ def _h200(p):
 
 def _h200_x2(p):
     assert p.tensor_parallel_size == 2 and "--disable-custom-all-reduce" not in p.vllm_args
-    assert 20 <= p.memory["weights_gib"] <= 28
+    assert 20 <= p.memory.weights_gib <= 28
 
 
 def _tp_override(p):
@@ -183,13 +183,13 @@ def _mtp_zero(p):
     assert p.num_speculative_tokens == 0
     assert "--speculative-config" not in p.vllm_args
     # Without spec tokens the conv state is 3 columns, not 7: a smaller state page, so smaller blocks.
-    assert p.memory["block_size"] < 1616
+    assert p.memory.block_size < 1616
 
 
 def _no_mtp_model(p):
     assert p.num_speculative_tokens == 0 and "MTP=0: the model has no MTP head." in p.reasons
-    assert p.memory["kv_cache_groups"]["attention"] == 1
-    assert p.memory["layers_per_pool_block"] == 16                     # 16 attention, no MTP layer
+    assert p.memory.kv_cache_groups.attention == 1
+    assert p.memory.layers_per_pool_block == 16                     # 16 attention, no MTP layer
 
 
 def _many_seqs_shrink(p):
@@ -197,14 +197,14 @@ def _many_seqs_shrink(p):
     assert p.max_num_seqs == 12
     assert 4096 <= p.max_model_len < 262144 and p.max_model_len % 256 == 0
     assert any("shrunk" in r for r in p.reasons)
-    assert p.memory["kv_needed_gib"] <= p.memory["kv_cache_gib"]
+    assert p.memory.kv_needed_gib <= p.memory.kv_cache_gib
 
 
 def _bf16_on_turing(p):
     # 13 GiB of bf16 weights per GPU leave less KV than AWQ's 4.6 GiB do.
     assert p.tensor_parallel_size == 4 and p.quantization is None and p.dtype == "half"
-    assert 11 <= p.memory["weights_gib"] <= 15
-    assert p.memory["kv_cache_gib"] < 9
+    assert 11 <= p.memory.weights_gib <= 15
+    assert p.memory.kv_cache_gib < 9
 
 
 def _subset_visible(p):
@@ -219,13 +219,13 @@ def _uuid_visible(p):
 
 
 def _eager(p):
-    assert p.enforce_eager and p.cudagraph_capture_sizes == () and p.memory["cudagraph_gib"] == 0
+    assert p.enforce_eager and p.cudagraph_capture_sizes == () and p.memory.cudagraph_gib == 0
     assert "--enforce-eager" in p.vllm_args and "--compilation-config" not in p.vllm_args
 
 
 def _util_override(p):
     assert p.gpu_memory_utilization == 0.8
-    assert abs(p.memory["requested_gib"] - 0.8 * 22.0) < 0.01
+    assert abs(p.memory.requested_gib - 0.8 * 22.0) < 0.01
 
 
 def _demo(p):
@@ -236,7 +236,7 @@ def _demo(p):
     # text only: vLLM's API server never initialises CUDA, so the engine core is forked, not spawned
     assert p.env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
     assert any(r.startswith("engine core forked (VLLM_WORKER_MULTIPROC_METHOD=fork)") for r in p.reasons)
-    assert p.memory["weights_breakdown_gib"]["vision"] == 0          # text-only: no vision tower
+    assert p.memory.weights_breakdown_gib.vision == 0          # text-only: no vision tower
 
 
 def _no_prefix(p):
@@ -246,7 +246,7 @@ def _no_prefix(p):
 
 def _kv_auto(p):
     # A 16-bit KV cache doubles bytes per token.
-    assert p.kv_cache_dtype == "auto" and p.memory["kv_bytes_per_token"] == 17 * 2 * 4 * 256 * 2
+    assert p.kv_cache_dtype == "auto" and p.memory.kv_bytes_per_token == 17 * 2 * 4 * 256 * 2
 
 
 def _context_request(p):
@@ -268,9 +268,9 @@ def _seed_readme_2(p):
     # The case: the pool holds ~2 full contexts, not 4; vLLM starts because ONE fits.
     assert (p.tensor_parallel_size, p.max_model_len, p.max_num_seqs) == (2, 262144, 4)
     m = p.memory
-    assert m["kv_needed_gib"] <= m["kv_cache_gib"] - m["kv_safety_margin_gib"]
-    assert m["kv_all_seqs_at_max_len_gib"] > m["kv_cache_gib"]          # not all 4 at full length at once
-    assert 262144 <= m["kv_cache_tokens"] < 4 * 262144
+    assert m.kv_needed_gib <= m.kv_cache_gib - m.kv_safety_margin_gib
+    assert m.kv_all_seqs_at_max_len_gib > m.kv_cache_gib          # not all 4 at full length at once
+    assert 262144 <= m.kv_cache_tokens < 4 * 262144
     r = next(r for r in p.reasons if r.startswith("max_model_len=262144"))
     assert "full-length sequence" in r and "share the pool" in r
 
@@ -433,7 +433,7 @@ def test_plan_table(models, case):
     check(plan)
     # Invariants of every plan.
     m = plan.memory
-    assert m["kv_needed_gib"] <= m["kv_cache_gib"] - m["kv_safety_margin_gib"] + 0.001
+    assert m.kv_needed_gib <= m.kv_cache_gib - m.kv_safety_margin_gib + 0.001
     assert plan.reasons and all(r.strip().endswith(".") for r in plan.reasons)
     assert plan.vllm_args[:2] == ("serve", plan.model)
     assert has_pair(plan.vllm_args, "--tensor-parallel-size", str(plan.tensor_parallel_size))
@@ -449,8 +449,8 @@ def test_plan_table(models, case):
     assert bool(mtp_cost) == bool(plan.num_speculative_tokens)
     assert all("min_p" in r and "logit_bias" in r and "TURINGBOX_MTP=0" in r for r in mtp_cost)
     # vLLM's start condition holds for every plan: one max_model_len sequence fits the planned pool.
-    assert m["kv_cache_tokens"] >= plan.max_model_len
-    assert plan.max_num_batched_tokens >= m["block_size"]            # align mode schedules whole blocks
+    assert m.kv_cache_tokens >= plan.max_model_len
+    assert plan.max_num_batched_tokens >= m.block_size            # align mode schedules whole blocks
 
 
 @pytest.mark.parametrize("case", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
@@ -579,7 +579,7 @@ def test_explicit_len_is_kept_exactly_when_one_sequence_fits(models):
             continue
         m = p.memory
         layout = mem.kv_layout(models["awq"], 2, p.num_speculative_tokens, "fp8", "half", True)
-        usable = m["kv_cache_bytes"] - int(m["kv_safety_margin_gib"] * GIB)
+        usable = m.kv_cache_bytes - int(m.kv_safety_margin_gib * GIB)
         fits = layout.bytes_for(262144, 1) <= usable + GIB // 1000
         assert (p.max_model_len == 262144) == fits, (util, p.max_model_len)
 

@@ -33,7 +33,7 @@ def check_plan(model_dir: str | None, args: argparse.Namespace | None = None) ->
         what = f"the built-in demo's {plan.demo_fallback['used']} stand-in"
     return Check("plan", PASS, f"{what} on {plan.tensor_parallel_size}x {plan.gpu_name}: "
                                f"TP {plan.tensor_parallel_size}, MTP {plan.num_speculative_tokens}, "
-                               f"KV {plan.kv_cache_dtype}, KV pool {plan.memory.get('kv_cache_gib')} GiB/rank, "
+                               f"KV {plan.kv_cache_dtype}, KV pool {plan.memory.kv_cache_gib} GiB/rank, "
                                f"max_model_len {plan.max_model_len}")
 
 

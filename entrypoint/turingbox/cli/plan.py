@@ -50,10 +50,10 @@ def format_table(plan: Plan) -> str:
         ("max_num_seqs", plan.max_num_seqs),
         ("max_num_batched_tokens", plan.max_num_batched_tokens),
         ("gpu_memory_utilization", plan.gpu_memory_utilization),
-        ("per GPU (GiB)", f"weights {m['weights_gib']:.2f}, activations {m['activation_gib']:.2f}, "
-                          f"CUDA graphs {m['cudagraph_gib']:.2f}, KV cache {m['kv_cache_gib']:.2f}"),
-        ("KV cache", f"{m['kv_cache_tokens']} tokens, block size {m['block_size']}, "
-                     f"{m['max_concurrency_at_max_len']}x max_model_len"),
+        ("per GPU (GiB)", f"weights {m.weights_gib:.2f}, activations {m.activation_gib:.2f}, "
+                          f"CUDA graphs {m.cudagraph_gib:.2f}, KV cache {m.kv_cache_gib:.2f}"),
+        ("KV cache", f"{m.kv_cache_tokens} tokens, block size {m.block_size}, "
+                     f"{m.max_concurrency_at_max_len}x max_model_len"),
         ("CUDA graphs", "off (eager)" if plan.enforce_eager else
          f"{len(plan.cudagraph_capture_sizes)} sizes up to {max(plan.cudagraph_capture_sizes or [0])}"),
         ("cache_key", plan.cache_key),

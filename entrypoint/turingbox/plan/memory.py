@@ -29,7 +29,8 @@ _align_hybrid_block_size, v1/kv_cache_interface.py):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
 
 from turingbox_plugin.contract import ModelConfig
 
@@ -395,13 +396,99 @@ def kv_layout(model: ModelConfig, tp: int, num_spec: int, kv_cache_dtype: str, m
                     attn_token_bytes=attn_token, state_page_bytes=state_page)
 
 
-def gpu_memory_utilization(total_mib: int, free_mib: int, tp: int, flashinfer: bool) -> tuple[float, dict]:
+# ---- the breakdown a plan carries (the plan JSON's "memory" object; to_dict() is that object) ------------
+
+@dataclass(frozen=True)
+class OutsideBudget:
+    """What each rank uses outside gpu_memory_utilization's budget, MiB."""
+    cuda_context_mib: int
+    nccl_mib: int
+    flashinfer_workspace_mib: int
+    post_kv_slack_mib: int
+    shared_gpu_headroom_mib: int
+
+    @property
+    def total_mib(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+
+@dataclass(frozen=True)
+class WeightsGib:
+    """Weights per rank by part, GiB."""
+    layers: float
+    embeddings: float
+    mtp: float
+    vision: float
+    other: float
+
+
+@dataclass(frozen=True)
+class KvCacheGroups:
+    """vLLM's KV cache groups: full attention (+MTP) and GDN state."""
+    attention: int
+    gdn: int
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """One rank's memory under the plan (planner.size_memory). The field order is the JSON key order."""
+    gpu_total_gib: float
+    gpu_free_gib: float
+    gpu_memory_utilization: float
+    requested_gib: float
+    outside_budget_gib: float
+    outside_budget_mib: OutsideBudget
+    weights_gib: float
+    weights_breakdown_gib: WeightsGib
+    activation_gib: float
+    non_torch_gib: float
+    cudagraph_gib: float
+    kv_cache_gib: float
+    kv_cache_bytes: int
+    kv_cache_tokens: int
+    kv_safety_margin_gib: float
+    kv_needed_gib: float                # vLLM's start condition: one max_model_len sequence (KV blocks + GDN state)
+    kv_all_seqs_at_max_len_gib: float
+    kv_bytes_per_token: float
+    gdn_state_per_seq_gib: float
+    num_gpu_blocks: int
+    block_size: int
+    page_size_bytes: int
+    layers_per_pool_block: int
+    kv_cache_groups: KvCacheGroups
+    max_concurrency_at_max_len: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MemoryBreakdown:
+        """From the plan JSON's "memory" object; ValueError names the missing keys."""
+        parts = {"outside_budget_mib": OutsideBudget, "weights_breakdown_gib": WeightsGib,
+                 "kv_cache_groups": KvCacheGroups}
+        kw = {name: _record(d[name], part, f"memory.{name}") for name, part in parts.items() if name in d}
+        return _record({**d, **kw}, cls, "memory")
+
+
+def _record(d: Any, cls: type, what: str) -> Any:
+    if isinstance(d, cls):
+        return d
+    if not isinstance(d, Mapping):
+        raise ValueError(f"the plan's {what} is a JSON {type(d).__name__}, not an object")
+    missing = [f.name for f in fields(cls) if f.name not in d]
+    if missing:
+        raise ValueError(f"the plan's {what} lacks {', '.join(missing)}")
+    return cls(**{f.name: d[f.name] for f in fields(cls)})
+
+
+def gpu_memory_utilization(total_mib: int, free_mib: int, tp: int, flashinfer: bool) -> tuple[float, OutsideBudget]:
     """Fraction of the card vLLM may budget; what stays outside the budget, itemised (MiB)."""
-    outside = {"cuda_context_mib": CUDA_CONTEXT_MIB,
-               "nccl_mib": NCCL_MIB if tp > 1 else 0,
-               "flashinfer_workspace_mib": FLASHINFER_WORKSPACE_MIB if flashinfer else 0,
-               "post_kv_slack_mib": POST_KV_SLACK_MIB,
-               "shared_gpu_headroom_mib": SHARED_GPU_HEADROOM_MIB if total_mib - free_mib > SHARED_GPU_USED_MIB else 0}
-    budget_mib = free_mib - sum(outside.values())
+    outside = OutsideBudget(cuda_context_mib=CUDA_CONTEXT_MIB,
+                            nccl_mib=NCCL_MIB if tp > 1 else 0,
+                            flashinfer_workspace_mib=FLASHINFER_WORKSPACE_MIB if flashinfer else 0,
+                            post_kv_slack_mib=POST_KV_SLACK_MIB,
+                            shared_gpu_headroom_mib=(SHARED_GPU_HEADROOM_MIB if total_mib - free_mib > SHARED_GPU_USED_MIB
+                                                     else 0))
+    budget_mib = free_mib - outside.total_mib
     util = math.floor(min(MAX_GPU_MEMORY_UTILIZATION, budget_mib / total_mib) * 1000) / 1000
     return util, outside

@@ -6,7 +6,6 @@ decision here is table-testable on fake inventories. Every automatic decision ad
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
 from dataclasses import dataclass, replace
@@ -126,7 +125,7 @@ class Sizing:
     max_num_seqs: int
     max_num_batched_tokens: int
     layout: mem.KvLayout
-    memory: dict
+    memory: mem.MemoryBreakdown
     capture_sizes: list[int]
     reasons: list[str]
 
@@ -166,7 +165,7 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
     util_auto, outside = mem.gpu_memory_utilization(total_mib, free_mib, ranks, rules.attention_backend == "FLASHINFER")
     if s.gpu_memory_utilization is not None:
         util = float(s.gpu_memory_utilization)
-        limit_mib = free_mib - outside["cuda_context_mib"] - outside["nccl_mib"]
+        limit_mib = free_mib - outside.cuda_context_mib - outside.nccl_mib
         if util * total_mib > limit_mib:
             raise UsageError(f"{setting_name('gpu_memory_utilization')} {util} asks for {util * total_mib / 1024:.2f} GiB "
                              f"per GPU but only {limit_mib / 1024:.2f} GiB are free after the CUDA context.")
@@ -175,11 +174,11 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
         util = util_auto
         if util <= 0:
             raise PlanError(f"{gpus[0].name} has {free_mib / 1024:.2f} GiB free of {total_mib / 1024:.2f} GiB, "
-                            f"less than the {sum(outside.values()) / 1024:.2f} GiB vLLM needs outside its budget.")
+                            f"less than the {outside.total_mib / 1024:.2f} GiB vLLM needs outside its budget.")
         shared = " (another process uses the card, so 0.5 GiB more is kept free)" \
-            if outside["shared_gpu_headroom_mib"] else ""
+            if outside.shared_gpu_headroom_mib else ""
         reasons.append(f"gpu_memory_utilization={util}: {free_mib / 1024:.2f} GiB free of {total_mib / 1024:.2f} GiB, "
-                       f"minus {sum(outside.values()) / 1024:.2f} GiB for CUDA context, "
+                       f"minus {outside.total_mib / 1024:.2f} GiB for CUDA context, "
                        f"{'NCCL, ' if ranks > 1 else ''}late allocations and slack{shared}.")
     requested = int(util * total_mib * mem.MIB)
 
@@ -342,40 +341,40 @@ def size_memory(gpus: Sequence[Gpu], model: ModelConfig, tp: int, num_spec: int,
                        + ".")
     kv_avail, act, cg, non_torch, sizes = kv_available(seqs, mnbt)
     margin = max(mem.KV_SAFETY_MIN_MIB * mem.MIB, int(mem.KV_SAFETY_FRACTION * max(kv_avail, 0)))
-    memory = {
-        "gpu_total_gib": round(total_mib / 1024, 3),
-        "gpu_free_gib": round(free_mib / 1024, 3),
-        "gpu_memory_utilization": util,
-        "requested_gib": mem.gib(requested),
-        "outside_budget_gib": round(sum(outside.values()) / 1024, 3),
-        "outside_budget_mib": outside,
-        "weights_gib": mem.gib(weights.total),
-        "weights_breakdown_gib": {"layers": mem.gib(weights.layers), "embeddings": mem.gib(weights.embeddings),
-                                  "mtp": mem.gib(weights.mtp), "vision": mem.gib(weights.vision),
-                                  "other": mem.gib(weights.small)},
-        "activation_gib": mem.gib(act),
-        "non_torch_gib": mem.gib(non_torch),
-        "cudagraph_gib": mem.gib(cg),
-        "kv_cache_gib": mem.gib(kv_avail),
-        "kv_cache_bytes": int(kv_avail),
-        "kv_cache_tokens": layout.tokens_in(kv_avail, max_len),
-        "kv_safety_margin_gib": mem.gib(margin),
+    memory = mem.MemoryBreakdown(
+        gpu_total_gib=round(total_mib / 1024, 3),
+        gpu_free_gib=round(free_mib / 1024, 3),
+        gpu_memory_utilization=util,
+        requested_gib=mem.gib(requested),
+        outside_budget_gib=round(outside.total_mib / 1024, 3),
+        outside_budget_mib=outside,
+        weights_gib=mem.gib(weights.total),
+        weights_breakdown_gib=mem.WeightsGib(layers=mem.gib(weights.layers), embeddings=mem.gib(weights.embeddings),
+                                             mtp=mem.gib(weights.mtp), vision=mem.gib(weights.vision),
+                                             other=mem.gib(weights.small)),
+        activation_gib=mem.gib(act),
+        non_torch_gib=mem.gib(non_torch),
+        cudagraph_gib=mem.gib(cg),
+        kv_cache_gib=mem.gib(kv_avail),
+        kv_cache_bytes=int(kv_avail),
+        kv_cache_tokens=layout.tokens_in(kv_avail, max_len),
+        kv_safety_margin_gib=mem.gib(margin),
         # vLLM's start condition: one max_model_len sequence (KV blocks + GDN state slots).
-        "kv_needed_gib": mem.gib(layout.bytes_for(max_len, 1)),
-        "kv_all_seqs_at_max_len_gib": mem.gib(layout.bytes_for(max_len, seqs)),
-        "kv_bytes_per_token": round(layout.kv_bytes_per_token(), 1),
-        "gdn_state_per_seq_gib": mem.gib(layout.state_bytes_per_seq()),
-        "num_gpu_blocks": int(kv_avail // layout.pool_block_bytes),
-        "block_size": layout.block_size,
-        "page_size_bytes": layout.page_bytes,
-        "layers_per_pool_block": layout.group_size,
-        "kv_cache_groups": {"attention": layout.attention_groups, "gdn": layout.state_groups},
-        "max_concurrency_at_max_len": round(int(kv_avail // layout.pool_block_bytes) / layout.blocks_per_request(max_len), 2),
-    }
-    reasons.append(f"KV cache: {memory['kv_cache_gib']:.2f} GiB per GPU ({memory['kv_cache_tokens']} tokens, "
-                   f"block size {layout.block_size}) after {memory['weights_gib']:.2f} GiB of weights, "
-                   f"{memory['activation_gib']:.2f} GiB of activations and {memory['cudagraph_gib']:.2f} GiB of CUDA graphs; "
-                   f"the plan keeps a {memory['kv_safety_margin_gib']:.2f} GiB safety margin.")
+        kv_needed_gib=mem.gib(layout.bytes_for(max_len, 1)),
+        kv_all_seqs_at_max_len_gib=mem.gib(layout.bytes_for(max_len, seqs)),
+        kv_bytes_per_token=round(layout.kv_bytes_per_token(), 1),
+        gdn_state_per_seq_gib=mem.gib(layout.state_bytes_per_seq()),
+        num_gpu_blocks=int(kv_avail // layout.pool_block_bytes),
+        block_size=layout.block_size,
+        page_size_bytes=layout.page_bytes,
+        layers_per_pool_block=layout.group_size,
+        kv_cache_groups=mem.KvCacheGroups(attention=layout.attention_groups, gdn=layout.state_groups),
+        max_concurrency_at_max_len=round(int(kv_avail // layout.pool_block_bytes) / layout.blocks_per_request(max_len), 2),
+    )
+    reasons.append(f"KV cache: {memory.kv_cache_gib:.2f} GiB per GPU ({memory.kv_cache_tokens} tokens, "
+                   f"block size {layout.block_size}) after {memory.weights_gib:.2f} GiB of weights, "
+                   f"{memory.activation_gib:.2f} GiB of activations and {memory.cudagraph_gib:.2f} GiB of CUDA graphs; "
+                   f"the plan keeps a {memory.kv_safety_margin_gib:.2f} GiB safety margin.")
     return Sizing(gpu_memory_utilization=util, max_model_len=max_len, max_num_seqs=seqs,
                   max_num_batched_tokens=mnbt, layout=layout, memory=memory, capture_sizes=sizes, reasons=reasons)
 
@@ -574,7 +573,7 @@ def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Pla
         raise failures[biggest]
     # latency: the widest TP group; throughput: the most GPUs in use (TP x DP).
     width = (lambda c: c.tp * c.dp) if s.objective == "throughput" else (lambda c: c.tp)
-    best = max(candidates, key=lambda c: (width(c), c.sizing.memory["kv_cache_gib"], c.gpus[0].sm))
+    best = max(candidates, key=lambda c: (width(c), c.sizing.memory.kv_cache_gib, c.gpus[0].sm))
     guard = flashinfer_sm75_problem(best.gpus[0].sm, best.rules.attention_backend, model.head_dim, software)
     if guard:
         raise PlanError(guard)
@@ -700,7 +699,7 @@ def _assemble(c: Candidate, model: ModelConfig, s: PlanSettings, software: Mappi
         served_model_name=served,
         demo=model.is_demo,
         demo_fallback=None,           # set by the command layer when a smaller demo variant was used
-        memory=copy.deepcopy(z.memory),
+        memory=z.memory,
         plugin=plugin,
         env={
             "CUDA_VISIBLE_DEVICES": cuda_visible_devices(c.gpus),

@@ -4,9 +4,9 @@
 line; docs/planning.md): the same keys in the same order as the fields below. `Plan.from_dict()` rebuilds a
 Plan from that JSON (a saved plan: `serve --plan-file`, `warmup --plan-json`, `flashinfer_aot --plan-json`).
 
-Sequences are tuples and the structured parts small frozen dataclasses; the free-form parts (the memory
-breakdown, the environment, the fingerprint inputs, the left-out GPUs) stay typed Mappings, copied in and
-out, so a caller never shares a mutable part of a Plan.
+Sequences are tuples and the structured parts small frozen dataclasses (the plugin's config, the memory
+breakdown); the free-form parts (the environment, the fingerprint inputs, the left-out GPUs) stay typed
+Mappings, copied in and out, so a caller never shares a mutable part of a Plan.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from turingbox.errors import UsageError
 from turingbox.plan import fingerprint
+from turingbox.plan.memory import MemoryBreakdown
 # additional_config["turingbox"]: the plugin's contract, typed once there (the plan's "plugin" key)
 from turingbox_plugin.contract import PluginConfig
 
@@ -51,7 +52,7 @@ class Plan:
     served_model_name: str                      # the first of vLLM's names (responses, metrics); a demo also answers to "demo"
     demo: bool
     demo_fallback: Mapping[str, Any] | None     # {"wanted", "used", "why"} when a smaller demo stands in
-    memory: Mapping[str, Any]                   # per-GPU breakdown (plan/memory.py, planner.size_memory)
+    memory: MemoryBreakdown                     # per-GPU breakdown (plan/memory.py, planner.size_memory)
     plugin: PluginConfig
     env: Mapping[str, str | None]               # None = remove the variable from vLLM's environment
     vllm_args: tuple[str, ...]                  # the exact argv after `vllm` (planner.vllm_args)
@@ -86,6 +87,7 @@ class Plan:
             kw[name] = tuple(int(x) for x in kw[name])
         kw["excluded_gpus"] = tuple(kw["excluded_gpus"])
         kw["plugin"] = PluginConfig.from_dict(kw["plugin"])
+        kw["memory"] = MemoryBreakdown.from_dict(kw["memory"])
         return cls(**kw)
 
 
@@ -98,7 +100,7 @@ def _require(d: Any, cls: type, what: str) -> None:
 
 
 def _to_json(v: Any) -> Any:
-    if isinstance(v, PluginConfig):
+    if isinstance(v, (PluginConfig, MemoryBreakdown)):
         return v.to_dict()
     if isinstance(v, Mapping):
         return {k: _to_json(x) for k, x in v.items()}

@@ -303,7 +303,7 @@ def collect(fixtures_dir: str) -> tuple[dict[str, dict], list[dict[str, Any]]]:
 def kernel_block_size(plan: Plan) -> int:
     """The page size FlashInfer is planned with: vLLM's attention kernel block size, the largest of the
     backend's [16, 32, 64] dividing the hybrid block size (aot_specs/derive.py kv_layout)."""
-    block = int(plan.memory["block_size"])
+    block = plan.memory.block_size
     return next(s for s in (64, 32, 16) if block % s == 0)
 
 
