@@ -489,7 +489,7 @@ if fmt != "safetensors" or strategy != "eager":
 else:
     print("(EngineCore_DP0 pid=2) ERROR engine died", flush=True)
     sys.exit(1)
-time.sleep(120)     # a server: only the bench stops it
+time.sleep(120)     # behaviour: a stand-in server that runs until the bench stops it
 """
 
 

@@ -2,7 +2,7 @@
 import json
 
 from turingbox_warmup import seed_volume
-from turingbox.cache.seed_protocol import RESULT_PREFIX, STAGES
+from turingbox_warmup.seed_protocol import RESULT_PREFIX, STAGES
 
 
 def test_container_gets_all_gpus_the_volume_and_the_compose_environment():

@@ -32,10 +32,10 @@ import tarfile
 import tempfile
 from typing import Any, Mapping
 
-from turingbox import config
+from turingbox import __version__, config
+from turingbox.cache import fingerprint, store
 from turingbox.config import envs
 from turingbox_warmup.image import flashinfer_aot
-from turingbox.cache import fingerprint, store
 
 DEFAULT_BAKED_DIR = "/opt/turingbox/baked-cache"
 BAKED_ENV = "TURINGBOX_BAKED_CACHE_DIR"
@@ -336,7 +336,6 @@ def bake(client, image: str, source_desc: str, manifests: Mapping[str, Any], fet
     if fingerprint.cache_key(manifest["inputs"]) != plan["cache_key"]:  # belt and braces: the key is the hash
         raise BakeRefused(f"Cache entry {chosen} in {source_desc} does not hash to the plan's key {plan['cache_key']}.")
     baked_dir, set_env = baked_dir_of(base.attrs)
-    from turingbox import __version__
     version = (base.labels or {}).get("org.opencontainers.image.version") or __version__
     name = tag or derived_tag(image, chosen, version)
     manifest = {**manifest, "hits": 0, "last_hit": None,

@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any, Iterable, Mapping
 
-from turingbox.cache.seed_protocol import STAGES, is_result, result_of, stage_of
+from turingbox_warmup.seed_protocol import STAGES, is_result, result_of, stage_of
 from turingbox.config import envs
 
 CACHE_MOUNT = "/cache"

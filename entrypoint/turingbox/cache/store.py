@@ -30,9 +30,10 @@ from typing import Any, Callable, Mapping
 
 import filelock
 
-from turingbox.config import CacheSettings
+from turingbox import __version__
 from turingbox.cache import fingerprint
 from turingbox.cache.flashinfer_prebuilt import seed_workspace
+from turingbox.config import CacheSettings
 from turingbox.errors import UsageError
 
 log = logging.getLogger("turingbox.cache")
@@ -94,7 +95,6 @@ def new_manifest(key: str, inputs: Mapping[str, Any], source: str) -> dict[str, 
 
 
 def tool_versions() -> dict[str, str]:
-    from turingbox import __version__
     out = dict(fingerprint.software_versions())
     out["turingbox"] = __version__
     return out

@@ -10,8 +10,10 @@ import argparse
 import importlib
 import sys
 
-from turingbox import __version__
+from turingbox import __version__, config
+from turingbox.config.doc import READING_COMMANDS, command_of
 from turingbox.errors import UsageError
+from turingbox_plugin.errors import ToolError
 
 # Where each group of subcommands lives; the order is the order of `turingbox --help`.
 COMMAND_MODULES = (
@@ -36,20 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _usage_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [UsageError]
-    try:  # the plugin keeps its own error type so it installs without the appliance
-        from turingbox_plugin.errors import ToolError
-        errors.append(ToolError)
-    except ImportError:
-        pass
-    return tuple(errors)
+    # the plugin keeps its own error type so it installs without the appliance (the appliance requires the plugin)
+    return (UsageError, ToolError)
 
 
 def _refuse_mistyped_settings(args: argparse.Namespace) -> None:
     """A command that reads settings stops before any work at a TURINGBOX_* name that is no setting: a typo
     (MAX_MODEL_LENGTH for MAX_MODEL_LEN) would otherwise be ignored and the default served without a word."""
-    from turingbox import config
-    from turingbox.config.doc import READING_COMMANDS, command_of
     if command_of(args) in READING_COMMANDS:
         config.refuse_unknown_variables()
 

@@ -1,9 +1,10 @@
-"""`turingbox cache show|verify|seed`: the compile-cache entries (serve/warmup_command.py does the work)."""
+"""`turingbox cache show|verify|seed`: the compile-cache entries (cache/report.py lists and checks them; turingbox_warmup/seed.py seeds)."""
 from __future__ import annotations
 
 import argparse
 
 from turingbox import config
+from turingbox.cache.report import show, verify
 from turingbox.cli import warmup as warmup_cli
 
 ROOTS = ("cache_dir", "baked_cache_dir")
@@ -30,11 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from turingbox.serve.warmup_command import show
     return show(config.load(args, groups=("cache",)).cache, bool(args.json))
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from turingbox.serve.warmup_command import verify
     return verify(config.load(args, groups=("cache",)).cache, args.keys, bool(getattr(args, "baked", False)),
                   bool(args.json))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from turingbox import config
+from turingbox.plan.from_settings import plan_from_settings
 from turingbox_plugin.doctor import FAIL, PASS, Check
 
 # The plan settings doctor takes as flags; the others come from their TURINGBOX_* variables, as for `plan`.
@@ -13,14 +15,11 @@ DOCTOR_FLAGS = ("gpus_json",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from turingbox import config
     config.add_arguments(parser, DOCTOR_FLAGS)
 
 
 def check_plan(model_dir: str | None, args: argparse.Namespace | None = None) -> Check:
     """Plan as `turingbox plan` would: MODEL, else TURINGBOX_MODEL, else the built-in demo (not written)."""
-    from turingbox import config
-    from turingbox.plan.from_settings import plan_from_settings
 
     ns = argparse.Namespace(**vars(args)) if args is not None else argparse.Namespace()
     ns.model = model_dir          # doctor's MODEL argument is the `model` setting's flag

@@ -8,6 +8,7 @@ import sys
 
 from turingbox import config
 from turingbox.plan.from_settings import plan_from_settings
+from turingbox.plan.planner import served_model_names
 from turingbox.plan.types import Plan
 
 GROUPS = ("plan", "demo")
@@ -34,7 +35,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_table(plan: Plan) -> str:
-    from turingbox.plan.planner import served_model_names
     m = plan.memory
     rows = [
         ("model", f"{plan.model}" + ("  (demo)" if plan.demo else "")),

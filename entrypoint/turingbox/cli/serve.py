@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from turingbox import config
+from turingbox.plan.from_settings import plan_from_settings
 from turingbox.plan.types import Plan, load_saved_plan
 
 
@@ -24,6 +25,7 @@ def load_plan_file(path: str) -> Plan:
 
 
 def run(args: argparse.Namespace) -> int:
+    # local: every command builds this parser; serve's FastAPI/uvicorn stack only when serving (315 ms)
     from turingbox.serve.controller import serve
 
     loaded = config.load(args, groups=("serve", "cache"))
@@ -40,6 +42,5 @@ def run(args: argparse.Namespace) -> int:
         runtime_dir = planning.plan.runtime_dir if "runtime_dir" in planning.plan.given else None
 
         def plan_fn() -> Plan:
-            from turingbox.plan.from_settings import plan_from_settings
             return plan_from_settings(planning.plan, planning.demo)
     return serve(options, loaded.cache, plan_fn, list(getattr(args, "vllm_passthrough", []) or []), runtime_dir)

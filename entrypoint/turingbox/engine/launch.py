@@ -16,8 +16,9 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 import httpx
-from turingbox.config import envs
 
+from turingbox.config import envs
+from turingbox_plugin.status import read_worker_status
 
 VLLM_MODULE = ("-m", "vllm.entrypoints.cli.main")
 # vLLM flags whose value is a secret (masked in logs and in /turingbox/plan).
@@ -181,7 +182,6 @@ def _pid_alive(pid: int) -> bool:
 
 def read_workers(runtime_dir: str) -> list[dict]:
     """The workers' status files, read by the plugin's own reader (the plugin is a dependency of the appliance)."""
-    from turingbox_plugin.status import read_worker_status   # the plugin's package, only when a start checks it
     return read_worker_status(runtime_dir)
 
 

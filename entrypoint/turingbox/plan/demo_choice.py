@@ -2,17 +2,20 @@
 the GPUs (bf16 27B, then AWQ INT4, then fewer layers; AWQ first on sm_75), or the variant the operator set."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import replace
 
 from turingbox.config import DemoSettings, PlanSettings
 from turingbox.errors import PlanError, UsageError
+from turingbox.model import demo
+from turingbox.plan.planner import make_plan
 from turingbox.plan.types import Plan
+from turingbox_plugin.contract import model_config_from_dict
 
 
 def demo_dir(models_dir: str, awq: bool, layers: int | None) -> str:
-    from turingbox.model import demo
     if not awq and layers is None:
         return demo.default_demo_dir(models_dir)
     suffix = ("-awq" if awq else "") + (f"-{layers}l" if layers else "")
@@ -22,11 +25,7 @@ def demo_dir(models_dir: str, awq: bool, layers: int | None) -> str:
 def plan_demo(inventory, settings: PlanSettings, demo_settings: DemoSettings, software: dict,
               write_demo: bool = True) -> Plan:
     """No model configured: the demo model, in the first variant that fits these GPUs."""
-    import hashlib
 
-    from turingbox.model import demo
-    from turingbox.plan.planner import make_plan
-    from turingbox_plugin.contract import model_config_from_dict
 
     models_dir = demo_settings.models_dir
     if not models_dir:

@@ -6,6 +6,7 @@ the planner. serve, warmup, doctor and the FlashInfer build call plan_from_setti
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import replace
@@ -14,7 +15,13 @@ from typing import Mapping
 from turingbox import config
 from turingbox.config import DemoSettings, PlanSettings
 from turingbox.errors import UsageError
+from turingbox.gpus.inventory import read_inventory
+from turingbox.model import hub
+from turingbox.plan.demo_choice import plan_demo
+from turingbox.plan.planner import make_plan
 from turingbox.plan.types import Plan
+from turingbox_plugin.contract import load_model_config, model_config_from_dict
+from turingbox_plugin.errors import ToolError
 
 
 def _software() -> dict[str, str]:
@@ -23,14 +30,12 @@ def _software() -> dict[str, str]:
 
 
 def _load_model(path: str):
-    from turingbox_plugin.errors import ToolError
     where = f"{config.REGISTRY['model'].flag_name}/{config.REGISTRY['model'].env_name} {path}"
     if os.path.isfile(path):
         raise UsageError(f"{where} is a file; it must be the model directory that holds config.json"
                          + (f" (here {os.path.dirname(path)})." if os.path.basename(path) == "config.json" else "."))
     if not os.path.exists(path):
         raise UsageError(f"{where} does not exist; it must be the model directory that holds config.json.")
-    from turingbox_plugin.contract import load_model_config
     try:
         return load_model_config(path)
     except ToolError as exc:       # one sentence either way; callers catch UsageError
@@ -46,12 +51,7 @@ def _plan_hub(inventory, settings: PlanSettings, demo: DemoSettings, software: d
     (`turingbox plan`): nothing is written; config.json is read from the volume, or from the hub into memory, and
     the first reason says what serve would download.
     """
-    import hashlib
 
-    from turingbox.model import hub
-    from turingbox.plan.planner import make_plan
-    from turingbox_plugin.errors import ToolError
-    from turingbox_plugin.contract import model_config_from_dict
 
     source = hub.model_config(settings.model, settings.model_revision, demo.models_dir, write=write)
     digest = hashlib.sha256(json.dumps(source.config, sort_keys=True).encode()).hexdigest()   # load_model_config's
@@ -74,9 +74,6 @@ def plan_from_settings(settings: PlanSettings, demo: DemoSettings, *, write_demo
     plan` passes False and plans from the demo's in-memory config. environ: where GPU visibility is read
     (NVIDIA_VISIBLE_DEVICES/CUDA_VISIBLE_DEVICES; the process environment when None).
     """
-    from turingbox.gpus.inventory import read_inventory
-    from turingbox.plan.demo_choice import plan_demo
-    from turingbox.plan.planner import make_plan
 
     inventory = read_inventory(settings.gpus_json, environ)
     software = _software()

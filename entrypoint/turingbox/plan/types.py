@@ -14,6 +14,7 @@ import copy
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from turingbox.errors import UsageError
 # additional_config["turingbox"]: the plugin's contract, typed once there (the plan's "plugin" key)
 from turingbox_plugin.contract import PluginConfig
 
@@ -98,7 +99,6 @@ def load_saved_plan(path: str, flag: str) -> Plan:
     is a UsageError naming `flag` and the path."""
     import json
 
-    from turingbox.errors import UsageError
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)

@@ -34,19 +34,23 @@ from typing import Any, Callable, Mapping
 import httpx
 
 from turingbox import config
+from turingbox.cache.store import prepare_cache
 from turingbox.config import CacheSettings
 from turingbox.engine.diagnosis import FailureDiagnosis
 from turingbox.engine.engine import ENGINE_READY, ENGINE_START, Engine, EngineNotAnswering, EngineUnfit
-from turingbox.engine.launch import (MASK, SECRET_FLAGS, flag_value, flag_values, health_client, mask_argv,
-                                     parent_env, read_workers, vllm_env)
+from turingbox.engine.launch import (
+    MASK, SECRET_FLAGS, flag_value, flag_values, health_client, mask_argv, parent_env, read_workers, vllm_env
+)
 from turingbox.engine.supervisor import Supervisor, describe_exit
 from turingbox.errors import UsageError
+from turingbox.model import hub
 from turingbox.plan.types import Plan
 from turingbox.serve import stages
-from turingbox.serve.metrics import ServeMetrics
-from turingbox.serve.options import ServeOptions, api_key_state
+from turingbox.serve.active_warmup import run_active_warmup
 from turingbox.serve.app import Sidecar
 from turingbox.serve.lifecycle import SidecarServer, configure_logging, exit_now, handle_stop_signals, sidecar_server
+from turingbox.serve.metrics import ServeMetrics
+from turingbox.serve.options import ServeOptions, api_key_state
 from turingbox.serve.state import ServeState
 from turingbox_plugin.contract import RUNTIME_DIR_ENV
 
@@ -445,7 +449,6 @@ class Controller:
         downloads). Skipped for a plain model directory and for a complete snapshot. A failure ends serve with its
         sentence (HF_HUB_OFFLINE with files missing: exit 2; the hub unreachable or a download broken off: exit 1,
         and the next start resumes it)."""
-        from turingbox.model import hub
         if hub.parse_snapshot_dir(plan.model) is None:
             return
         if not hub.is_complete(plan.model):
@@ -460,7 +463,6 @@ class Controller:
             self.tracker.download = None
 
     async def _prepare_cache(self, plan: Plan) -> dict[str, str]:
-        from turingbox.cache.store import prepare_cache
 
         def prepare() -> Any:
             # Recorded in the thread, so a SIGTERM that cancels the wait still finds the copy to remove.
@@ -516,7 +518,6 @@ class Controller:
             raise StartupFailed(str(exc)) from None
 
     async def _active_warmup(self, base: str, model: str) -> None:
-        from turingbox.serve.active_warmup import run_active_warmup
         timeout = max(60.0, min(900.0, self.options.startup_timeout_seconds - self.tracker.elapsed()))
         try:
             result = await _in_daemon_thread(run_active_warmup, base, model, self.upstream_key, timeout)

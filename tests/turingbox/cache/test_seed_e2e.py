@@ -15,7 +15,7 @@ import pytest
 
 import turingbox
 from turingbox.cache import store
-from turingbox.cache.seed_protocol import RESULT_PREFIX, STAGE_PREFIX, STAGES
+from turingbox_warmup.seed_protocol import RESULT_PREFIX, STAGE_PREFIX, STAGES
 from tests.support.cache_helpers import turingbox_temporaries
 from tests.support.waiting import wait_until
 

@@ -19,7 +19,7 @@ import pytest
 
 import turingbox
 from turingbox.cache import store
-from turingbox.cache.seed_protocol import RESULT_PREFIX, STAGE_PREFIX
+from turingbox_warmup.seed_protocol import RESULT_PREFIX, STAGE_PREFIX
 from tests.support.cache_helpers import make_plan
 from tests.support.waiting import wait_until
 from tests.support.plan_factory import cache_settings

@@ -54,12 +54,17 @@ import tempfile
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
-from turingbox.config import envs
 from turingbox import config
-# The baked layout's marker and the copy into a cache entry are the cache's (serve seeds new entries with them).
-from turingbox_warmup.image.aot_specs.derive import default_vllm_src   # one definition (installed, TURINGBOX_VLLM_SRC, .cache)
 from turingbox.cache.flashinfer_prebuilt import MARKER, prebuilt_modules, seed_workspace
+from turingbox.config import envs
+from turingbox.errors import UsageError
+from turingbox.model import demo
+from turingbox.plan.from_settings import plan_from_settings
 from turingbox.plan.types import Plan
+# The baked layout's marker and the copy into a cache entry are the cache's (serve seeds new entries with them).
+from turingbox_warmup.image.aot_specs.derive import (  # one definition (installed, TURINGBOX_VLLM_SRC, .cache)
+    default_vllm_src
+)
 
 FLASHINFER_VERSION = "0.6.8.post1"
 VLLM_VERSION = "0.21.0"
@@ -228,7 +233,6 @@ def _inventory(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _plan(gpus_json: str, settings: Mapping[str, str]) -> Plan:
-    from turingbox.plan.from_settings import plan_from_settings
     # environ: image build: plans from the given settings alone, the host's TURINGBOX_* left out
     env = {k: v for k, v in envs.process_environment().items() if not k.startswith("TURINGBOX_")}
     env.update(settings)
@@ -258,7 +262,6 @@ def plan_cases(fixtures_dir: str) -> Iterable[tuple[str, str, dict[str, str], st
 
 
 def demo_model_config() -> dict[str, Any]:
-    from turingbox.model import demo
     cfg = demo.make_config(awq=False)
     assert model_attention(cfg) == model_attention(demo.make_config(awq=True))  # AWQ keeps the attention shape
     return cfg
@@ -266,7 +269,6 @@ def demo_model_config() -> dict[str, Any]:
 
 def collect(fixtures_dir: str) -> tuple[dict[str, dict], list[dict[str, Any]]]:
     """({case: plan summary}, records), each record once per (uri, arch) with the cases that need it."""
-    from turingbox.errors import UsageError
     cfg = demo_model_config()
     plans: dict[str, dict] = {}
     by_key: dict[tuple[str, str], dict[str, Any]] = {}
@@ -830,7 +832,7 @@ def kernel_probe_source(rec: Mapping[str, Any], launch: Mapping[str, Any], confi
 
 def nvcc_flags(flashinfer_src: str, sm: int) -> list[str]:
     """FlashInfer's gen_jit_spec flags for a non-debug build, and its include directories."""
-    import tvm_ffi.libinfo as libinfo   # FlashInfer's headers need tvm-ffi's (a FlashInfer dependency)
+    import tvm_ffi.libinfo as libinfo  # FlashInfer's headers need tvm-ffi's (a FlashInfer dependency)
     data = os.path.join(flashinfer_src, "data")
     gencode = f"-gencode=arch=compute_{workspace_arch_dir(sm)},code=sm_{workspace_arch_dir(sm)}"
     return ["-std=c++17", "-O3", "-DNDEBUG", "-use_fast_math", "--expt-relaxed-constexpr",
@@ -1082,6 +1084,7 @@ def verify_rows(arch: int) -> list[dict[str, Any]]:
     TURINGBOX_AOT_FLASHINFER_DIR when present, else compiles each launched kernel alone; needs an installed
     flashinfer (or TURINGBOX_FLASHINFER_SRC naming its package directory) and nvcc, and adds nothing without them."""
     import importlib.util
+
     # environ: a build/dev tool's source path (documented in test_settings_names), not a setting
     src = envs.flashinfer_src()
     if not src:

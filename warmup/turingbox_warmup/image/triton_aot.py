@@ -407,6 +407,7 @@ def verify_rows(arch: int) -> list[dict[str, Any]]:
     import importlib.util
 
     import triton
+    # local: verify imports Triton, which the host tools that import this module (bake) run without (92 ms)
     from turingbox_plugin.verify import ptxas_resources, shared_limit
 
     roots: dict[str, str] = {}

@@ -38,7 +38,10 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
+
 from turingbox.config import envs
+from turingbox_plugin.warmup_plan import bitmask_cols, plan_bitmask_cases
+from turingbox_warmup.image import triton_aot
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VLLM_VERSION = "0.21.0"
@@ -239,7 +242,6 @@ def logits_row_stride(plan: Plan, vocab: int) -> int:
 def bitmask_launches(plan: Plan, m: dict[str, Any]) -> Iterator[tuple[str, str, list, dict]]:
     """vllm/v1/structured_output/utils.py apply_grammar_bitmask -> xgr.apply_token_bitmask_inplace(logits,
     bitmask, indices=...) -> the Triton wrapper, for each case the plugin's strict warmup launches."""
-    from turingbox_plugin.warmup_plan import plan_bitmask_cases
     vocab = m["vocab_size"]
     stride = logits_row_stride(plan, vocab)
     dtype = TORCH_DTYPES[plan.dtype]
@@ -274,13 +276,11 @@ def plugin_launches() -> Iterator[tuple[str, str, list, dict]]:
 # ---- records ------------------------------------------------------------------------------------
 
 def kernel_for(qualname: str, vllm_src: str):
-    from turingbox_warmup.image import triton_aot
     return triton_aot.resolve_kernel(qualname, {"vllm": vllm_src})
 
 
 def records(items, vllm_src: str, plan_names: dict[int, list[str]] | None = None) -> list[dict[str, Any]]:
     """Dedupe identical specializations (several plans share most of them), keeping who needs each."""
-    from turingbox_warmup.image import triton_aot
     out: dict[str, dict[str, Any]] = {}
     for plan_name, (qualname, launch, args, kwargs) in items:
         fn = kernel_for(qualname, vllm_src)
@@ -311,7 +311,6 @@ def derive(vllm_src: str) -> dict[str, list[dict[str, Any]]]:
 
 
 def derive_bitmask(m: dict[str, Any], vllm_src: str) -> list[dict[str, Any]]:
-    from turingbox_plugin.warmup_plan import bitmask_cols, plan_bitmask_cases
     vocab = m["vocab_size"]
     header = {"comment": "Triton launch specializations of xgrammar's apply_token_bitmask_inplace_kernel "
                          "(grammar requests, via vLLM's apply_grammar_bitmask) for turingbox's plans, one per "

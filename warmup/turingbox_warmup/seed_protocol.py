@@ -13,7 +13,7 @@ from typing import Any, Mapping
 STAGE_PREFIX = "turingbox-stage: "
 RESULT_PREFIX = "turingbox-seed-result: "
 # In order. A stage may be skipped ("download": hub ids only), and a seed whose engine compiled its graphs starts the
-# engine once more ("loading-start", then the engine stages again: serve/warmup_command.py, _warm_engine_async).
+# engine once more ("loading-start", then the engine stages again: turingbox_warmup/seed.py, _warm_engine_async).
 STAGES = ("plan", "download", "cache", "engine-start", "engine-ready", "strict-warmup", "active-warmup", "engine-stop",
           "loading-start", "complete")
 

@@ -1,8 +1,8 @@
-"""The seed's progress protocol (turingbox.cache.seed_protocol): what `turingbox warmup` writes is what
+"""The seed's progress protocol (turingbox_warmup.seed_protocol): what `turingbox warmup` writes is what
 `make warmup-cache` reads back."""
 import pytest
 
-from turingbox.cache.seed_protocol import STAGES, is_result, result_line, result_of, stage_line, stage_of
+from turingbox_warmup.seed_protocol import STAGES, is_result, result_line, result_of, stage_line, stage_of
 
 
 def test_every_stage_line_reads_back_as_its_stage():
