@@ -17,7 +17,7 @@ import re
 import pytest
 
 # the appliance image, built once per run for every test that asks for it (tests/image, tests/reliability)
-pytest_plugins = ["tests.docker_image"]
+pytest_plugins = ["tests.support.docker_image"]
 
 _KEEP = ("TURINGBOX_TEST_", "TURINGBOX_BAKE_TEST_IMAGE", "TURINGBOX_VLLM_SRC", "TURINGBOX_VLLM_CPU",
          "TURINGBOX_FLASHINFER_SRC")

@@ -4,7 +4,7 @@
 The boxes are the layers of pyproject.toml's import-linter "layers" contract (top: entry points, bottom: what
 everything may import), each listing the modules on disk under it; the plugin sits beside them, reached only
 through its contract module. Nothing is typed by hand here, so the picture cannot drift from the code:
-tests/unit/test_architecture_doc.py redraws it into a temporary file and checks the modules it names.
+tests/project/test_architecture_doc.py redraws it into a temporary file and checks the modules it names.
 
   python tools/draw_architecture.py [--out docs/img/architecture.png]
 """

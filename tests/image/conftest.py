@@ -1,10 +1,10 @@
 """Fixtures of the image tests: volumes and containers removed afterwards (the image itself, `image`, and the
-docker helpers live in tests/docker_image.py, shared with the reliability tests)."""
+docker helpers live in tests/support/docker_image.py, shared with the reliability tests)."""
 from __future__ import annotations
 
 import pytest
 
-from tests.docker_image import docker, unique
+from tests.support.docker_image import docker, unique
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import tomllib
 import httpx
 import pytest
 
-from tests.docker_image import REPO, docker, free_port, unique
+from tests.support.docker_image import REPO, docker, free_port, unique
 
 pytestmark = pytest.mark.docker
 
@@ -52,7 +52,7 @@ def assert_no_traceback(text: str) -> None:
 
 def test_entrypoint_user_health_volumes_and_labels(image_config):
     cfg = image_config["Config"]
-    assert cfg["Entrypoint"] == ["tini", "--", "python3", "-P", "-m", "turingbox"]   # tests/unit/test_image_entrypoint.py
+    assert cfg["Entrypoint"] == ["tini", "--", "python3", "-P", "-m", "turingbox"]   # tests/image/test_image_entrypoint.py
     assert cfg["Cmd"] == ["serve"]
     assert cfg["User"].split(":")[0] == UID
     assert set(cfg["Volumes"]) == {"/cache", "/models"}
@@ -406,11 +406,11 @@ def test_compose_gpu_file_requests_gpus(image):
 
 # What the plugin tests need beyond the image (the dev extras they use), at this machine's versions.
 TEST_TOOLS = ("pytest", "pytest-timeout", "hypothesis", "matplotlib")
-VERIFY_ARCHS = "tests/plugin/test_verify_archs.py"
+VERIFY_ARCHS = "tests/turingbox_plugin/test_verify_archs.py"
 
 
 def test_plugin_tests_pass_inside_the_image(image):
-    """tests/plugin inside the image, where vLLM 0.21.0 is importable (they skip those parts on the host)."""
+    """tests/turingbox_plugin (less gdn/, as before the move: its kernels are tested on the host) inside the image, where vLLM 0.21.0 is importable (they skip those parts on the host)."""
     from importlib.metadata import version
     tag = f"{image}-pytest"
     pins = " ".join(f"{name}=={version(name)}" for name in TEST_TOOLS)
@@ -426,7 +426,7 @@ def test_plugin_tests_pass_inside_the_image(image):
         # Two runs, each with its own limit: `verify --compile-only` for each of the seven archs builds every
         # kernel the image bakes (more than on the host, where vLLM is not importable) and takes most of the
         # time; one 900 s limit for all of it ran out on CI's 2 cores while the tests were still passing.
-        for selection, limit in ((["tests/plugin", f"--ignore={VERIFY_ARCHS}"], 900), ([VERIFY_ARCHS], 2400)):
+        for selection, limit in ((["tests/turingbox_plugin", "--ignore=tests/turingbox_plugin/gdn", f"--ignore={VERIFY_ARCHS}"], 900), ([VERIFY_ARCHS], 2400)):
             runs.append(docker("run", "--rm", *mounts, "--tmpfs", "/tmp", "-w", "/src", "--entrypoint", "python3",
                                tag, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--durations=10", *selection,
                                "-m", "not gpu and not docker", "-o", "addopts=", check=False, timeout=limit))

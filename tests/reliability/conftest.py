@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.reliability.serve_env import serve_env
-from tests.sidecar.sidecar_harness import Serve
+from tests.support.sidecar_harness import Serve
 
 
 @pytest.fixture

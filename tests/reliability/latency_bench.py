@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Proxy-added latency of the sidecar: streaming TTFT and non-streaming time, direct vs proxied, interleaved.
 
-Starts a real `turingbox serve` in front of the stand-in upstream (tests/fakes/fake_vllm.py) with a
+Starts a real `turingbox serve` in front of the stand-in upstream (tests/support/fake_vllm.py) with a
 fixed upstream port, then alternates the same request against the upstream's port and the sidecar's
 port (the order flips every round, so drift and warm-up hit both sides alike). The client is
 http.client, as in tests/gpu/side_by_side.py: one new connection per request ("fresh") or one kept
@@ -29,8 +29,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))     # a script: the checkout, for the tests package
 
-from tests.sidecar.sidecar_harness import Serve, free_port  # noqa: E402
-from tests.waiting import wait_until  # noqa: E402
+from tests.support.sidecar_harness import Serve, free_port  # noqa: E402
+from tests.support.waiting import wait_until  # noqa: E402
 
 BODY = {"model": "m", "stream": True, "max_tokens": 8, "temperature": 0.0,
         "messages": [{"role": "user", "content": "Say something about caches."}]}

@@ -1,12 +1,12 @@
 """Two appliance containers on one cache volume at once (real Docker engine, the real image).
 
 Each container runs the image's own `turingbox serve` (planner, cache session, sidecar) with the
-stand-in upstream bind-mounted in place of vLLM (tests/cache/engine_filling_caches.py, which writes
-compile artefacts into the entry, then becomes tests/fakes/fake_vllm.py), so both start, take their
+stand-in upstream bind-mounted in place of vLLM (tests/support/engine_filling_caches.py, which writes
+compile artefacts into the entry, then becomes tests/support/fake_vllm.py), so both start, take their
 cache decisions on the same volume at the same moment and become ready. Afterwards `turingbox cache verify` in a third
 container must find the entry complete and sound, and a third serve must hit it.
 
-Image: the session's appliance image (tests/docker_image.py: $TURINGBOX_TEST_IMAGE, else the real Dockerfile
+Image: the session's appliance image (tests/support/docker_image.py: $TURINGBOX_TEST_IMAGE, else the real Dockerfile
 built once per run, the one tests/image checks).
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ import uuid
 import httpx
 import pytest
 
-from tests.sidecar.sidecar_harness import FAKE_VLLM, H200, free_port, make_model_dir
-from tests.waiting import wait_until
+from tests.support.sidecar_harness import FAKE_VLLM, H200, free_port, make_model_dir
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(400)]
 
@@ -45,10 +45,10 @@ def test_two_containers_share_one_cache_volume_without_corruption(image, tmp_pat
     docker("volume", "create", volume)
     common = ["-v", f"{volume}:/cache", "-v", f"{model}:/model:ro",
               # the repo's tests/: engine_filling_caches.py writes compile artefacts into the entry (completed only
-              # then) and becomes tests/fakes/fake_vllm.py
+              # then) and becomes tests/support/fake_vllm.py
               "-v", f"{os.path.dirname(os.path.dirname(FAKE_VLLM))}:/tests:ro",
               "-v", f"{os.path.dirname(H200)}:/fixtures:ro",
-              "-e", "TURINGBOX_VLLM_COMMAND=python3 /tests/cache/engine_filling_caches.py",
+              "-e", "TURINGBOX_VLLM_COMMAND=python3 /tests/support/engine_filling_caches.py",
               "-e", "TURINGBOX_ACTIVE_WARMUP=0",
               "-e", "FAKE_VLLM_STAGE_SECONDS=1", "--read-only", "--tmpfs", "/tmp"]
     serve_args = ["serve", "--gpus-json", "/fixtures/h200.json", "--model", "/model"]

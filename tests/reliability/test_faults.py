@@ -1,12 +1,12 @@
 """Faults serve must survive, each with its outcome checked on real processes and real signals.
 
 Already covered elsewhere (not repeated here; docs/reliability.md lists them):
-tests/sidecar/test_serve.py: test_upstream_death_mid_stream (one stream, clean error event, liveness 503,
+tests/turingbox/serve/test_serve.py: test_upstream_death_mid_stream (one stream, clean error event, liveness 503,
 exit != 0 with vLLM's last lines), test_upstream_hang_turns_readiness_503_and_back,
 test_sigterm_drains_in_flight_then_stops_vllm (one stream), test_sigterm_during_startup_stops_vllm_and_exits_0
 (loading), test_second_signal_forces_fast_exit, test_vllm_ignoring_sigterm_gets_sigkill;
-tests/cache/test_session.py: read-only / full volume / really full tmpfs run cold, corrupt entry quarantined
-and rebuilt (four kinds of damage); tests/cache/test_locking.py: racing writers on one volume.
+tests/turingbox/cache/test_session.py: read-only / full volume / really full tmpfs run cold, corrupt entry quarantined
+and rebuilt (four kinds of damage); tests/turingbox/cache/test_locking.py: racing writers on one volume.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from tests.reliability.loadgen import one_request
-from tests.sidecar.sidecar_harness import pid_alive
-from tests.waiting import wait_until
+from tests.support.sidecar_harness import pid_alive
+from tests.support.waiting import wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -237,7 +237,7 @@ def test_corrupt_cache_entry_is_quarantined_and_rebuilt_by_serve(serve_factory, 
     cache = str(tmp_path / "shared-cache")
     # An engine that writes compile artefacts (an entry is completed only then), then becomes the fake vLLM.
     env = {"TURINGBOX_CACHE_DIR": cache,
-           "TURINGBOX_VLLM_COMMAND": f"{sys.executable} {REPO}/tests/cache/engine_filling_caches.py"}
+           "TURINGBOX_VLLM_COMMAND": f"{sys.executable} {REPO}/tests/support/engine_filling_caches.py"}
     first = serve_factory(env=env)
     first.wait_ready()
     key = first.get("/turingbox/plan").json()["cache_key"]

@@ -1,7 +1,7 @@
 """Bad input on the public port: the sidecar's own OpenAPI fuzzed by schemathesis, oversized and
 endless request heads, stalled bodies, slowloris heads, slow readers, methods that must not pass.
 
-Covered elsewhere (tests/sidecar/test_serve.py): test_oversized_body_refused (413 by Content-Length
+Covered elsewhere (tests/turingbox/serve/test_serve.py): test_oversized_body_refused (413 by Content-Length
 and while reading a chunked body, nothing reaches vLLM), invalid JSON passed to vLLM and its 400
 passed back (test_non_streaming).
 """
@@ -19,8 +19,8 @@ import pytest
 
 from tests.reliability.procstats import rss_mib
 from tests.reliability.serve_env import serve_env
-from tests.sidecar.sidecar_harness import Serve, sse_events
-from tests.waiting import wait_until
+from tests.support.sidecar_harness import Serve, sse_events
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 KEY = "fuzz-key-5150"

@@ -16,8 +16,8 @@ import pytest
 
 from tests.reliability.loadgen import run_load
 from tests.reliability.procstats import connections_to, fd_count, rss_mib, socket_count
-from tests.sidecar.sidecar_harness import free_port
-from tests.waiting import wait_until
+from tests.support.sidecar_harness import free_port
+from tests.support.waiting import wait_until
 
 CONCURRENCY = 64
 UPSTREAM = {"FAKE_VLLM_FIRST_CHUNK_DELAY": "0.02", "FAKE_VLLM_CHUNK_DELAY": "0.004", "FAKE_VLLM_ROLE_CHUNK": "1"}

@@ -1,6 +1,6 @@
 """Security behaviour of the public port: the API key, and no secret in any output.
 
-Covered elsewhere: tests/sidecar/test_serve.py test_api_key_enforced_and_swapped_for_vllms_own (401 without,
+Covered elsewhere: tests/turingbox/serve/test_serve.py test_api_key_enforced_and_swapped_for_vllms_own (401 without,
 with a wrong or non-Bearer key; health open; metrics open by default; vLLM gets its own key, never the
 client's), test_sigterm_during_startup_stops_vllm_and_exits_0 (metrics_require_key), test_no_secret_in_plan_or_logs;
 tests/image/test_image.py test_runs_as_non_root_and_build_ca_is_not_left_behind and test_read_only_root_filesystem

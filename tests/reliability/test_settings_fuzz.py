@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from tests.reliability.serve_env import REPO, REPO_PYTHONPATH
-from tests.sidecar.sidecar_harness import H200, make_model_dir
+from tests.support.sidecar_harness import H200, make_model_dir
 
 from turingbox import cli, config as S
 from turingbox.errors import UsageError

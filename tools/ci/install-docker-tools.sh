@@ -16,11 +16,11 @@ command -v dockerd >/dev/null || need+=(docker.io)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v make >/dev/null || need+=(make)             # .ci/run ends in `make test`
-# Triton builds its C launchers (tests/cache/test_aot.py) with gcc, against libc's and Python's headers
+# Triton builds its C launchers (tests/turingbox_warmup/image/test_triton_aot.py) with gcc, against libc's and Python's headers
 command -v gcc >/dev/null || need+=(gcc)
 [ -e /usr/include/stdio.h ] || need+=(libc6-dev)      # only a Recommends of gcc
 [ -e "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] || need+=(python3-dev)
-# Debian's own interpreter: tests/cache/python_image.py copies it into the tiny image of the bake tests
+# Debian's own interpreter: tests/turingbox_warmup/python_image.py copies it into the tiny image of the bake tests
 [ -x /usr/bin/python3.11 ] || need+=(python3.11)
 # `make dev` builds a venv: Debian splits venv/ensurepip into python3-venv
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)

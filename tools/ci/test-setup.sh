@@ -59,14 +59,14 @@ venv() {  # `make dev` when the venv is missing, broken, or older than its input
 sources() {
   export PYTHON="$VENV/bin/python"
   # vLLM 0.21's Python code (no CUDA stack) and the pure-Python packages its config code imports:
-  # tests/unit/test_plan_vllm.py (argv parser, KV pool arithmetic), the AOT spec derivations, diagnosis texts
+  # tests/turingbox/plan/test_plan_vllm.py (argv parser, KV pool arithmetic), the AOT spec derivations, diagnosis texts
   tools/ci/pip-target.sh "$SOURCES/vllm-cpu" -c requirements/image-lock.txt vllm==0.21.0 cbor2 gguf aiohttp \
     multidict yarl propcache aiohappyeyeballs aiosignal frozenlist psutil pyzmq openai-harmony msgspec pybase64 \
     cachetools uvloop partial-json-parser llguidance cloudpickle py-cpuinfo einops
   # transformers 4.57.6, what a fresh `pip install vllm==0.21.0` resolves, with the tokenizers and hub it accepts:
-  # tests/unit/test_demo_tokenizer_transformers.py puts it in front of the venv's 5.x
+  # tests/turingbox/model/test_demo_tokenizer_transformers.py puts it in front of the venv's 5.x
   tools/ci/pip-target.sh "$SOURCES/transformers-4.57" transformers==4.57.6 tokenizers==0.22.2 huggingface-hub==0.36.2
-  # FlashInfer 0.6.8.post1's JIT sources: tests/cache/test_flashinfer_*.py (derived module specs, an sm_75 compile)
+  # FlashInfer 0.6.8.post1's JIT sources: tests/turingbox_warmup/image/test_flashinfer_*.py (derived module specs, an sm_75 compile)
   tools/ci/pip-target.sh "$SOURCES/flashinfer-cpu" -c requirements/image-lock.txt flashinfer-python==0.6.8.post1
 }
 

@@ -197,7 +197,7 @@ def has_engine_artefacts(entry: str, manifest: Mapping[str, Any] | None = None) 
     """Whether an engine wrote anything into the entry's caches: a file that turingbox did not seed (or a seeded
     one rewritten since) and that is not one of vLLM's model-info files (facts about model classes, no compile).
     A real vLLM start on a miss always writes some (torch.compile graphs, Triton kernels and autotune results,
-    FlashInfer modules); the stand-in engine (tests/fakes/fake_vllm.py) and a start that died first write none."""
+    FlashInfer modules); the stand-in engine (tests/support/fake_vllm.py) and a start that died first write none."""
     manifest = read_manifest(entry) if manifest is None else manifest
     seeded = seeded_files(manifest)
     infos = os.path.join(CACHES["vllm"][0], MODELINFOS) + os.sep

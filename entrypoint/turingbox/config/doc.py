@@ -2,7 +2,7 @@
 its flag, variable, default, the commands that read it and its meaning.
 
 README.md's Configuration table is `turingbox settings --markdown`, pasted between marker comments
-(tests/unit/test_settings_doc.py fails when the two differ). READERS below says which commands read which
+(tests/turingbox/config/test_doc.py fails when the two differ). READERS below says which commands read which
 settings; the same test checks it against the commands' parsers, and cli/__init__.py refuses a mistyped TURINGBOX_*
 variable (exit 2, the closest name) before any of these commands runs.
 """

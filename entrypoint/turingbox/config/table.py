@@ -395,11 +395,11 @@ assert not set(OTHER_VARIABLES) & {s.env_name for s in SETTINGS}, "a setting is 
 
 # The test harness's and the GPU session scripts' own variables (tests/, tools/): the appliance never reads them,
 # but they are in the environment the tests and sessions run `turingbox` in (tests/conftest.py keeps the
-# TURINGBOX_TEST_* ones), so they are no typo. tests/unit/test_settings_doc.py keeps this list complete.
+# TURINGBOX_TEST_* ones), so they are no typo. tests/turingbox/config/test_doc.py keeps this list complete.
 HARNESS_PREFIX = "TURINGBOX_TEST_"
 HARNESS_VARIABLES: dict[str, str] = {
-    "TURINGBOX_BAKE_TEST_IMAGE": "tests/cache: the image the bake tests run",
-    "TURINGBOX_VLLM_CPU": "tests/unit, tools/ci: vLLM's Python code installed for the CPU tests",
+    "TURINGBOX_BAKE_TEST_IMAGE": "tests/turingbox_warmup: the image the bake tests run",
+    "TURINGBOX_VLLM_CPU": "tests/turingbox/plan, tools/ci: vLLM's Python code installed for the CPU tests",
     "TURINGBOX_SKIP_GDN_BUILD": "tests/gpu/bootstrap.sh: skip building the sm_75 GDN library",
     "TURINGBOX_CAPTURE_DIR": "tests/gpu/cache_aot_check.py: where its engines record kernel launches",
     "TURINGBOX_DEMO_DIR": "tests/gpu/crash_repro_cpu.py: the demo model it loads",
@@ -410,8 +410,8 @@ HARNESS_VARIABLES: dict[str, str] = {
 # (the README's and the tests' typos, a retired name). Never read; the CLI refuses them like any unknown name.
 EXAMPLES_OF_NO_VARIABLE: dict[str, str] = {
     "TURINGBOX_MAX_MODEL_LENGTH": "README.md, tests: the typo of TURINGBOX_MAX_MODEL_LEN the CLI refuses",
-    "TURINGBOX_ZZZ": "tests/unit/test_settings_cli.py: a name close to no setting",
-    "TURINGBOX_PLUGIN": "tests/plugin: a retired name, which must activate nothing in the plugin",
+    "TURINGBOX_ZZZ": "tests/turingbox/cli/test_settings.py: a name close to no setting",
+    "TURINGBOX_PLUGIN": "tests/turingbox_plugin: a retired name, which must activate nothing in the plugin",
 }
 
 

@@ -122,7 +122,7 @@ def tokenizer_config() -> dict[str, Any]:
     specials = special_tokens()
     return {
         # tokenizer.json as written: 4.57 loads it as PreTrainedTokenizerFast, 5.17 as TokenizersBackend, 5.24 as the
-        # model type's Qwen3_5Tokenizer; same ids (tests/unit/test_demo_tokenizer_transformers.py)
+        # model type's Qwen3_5Tokenizer; same ids (tests/turingbox/model/test_demo_tokenizer_transformers.py)
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": MODEL_MAX_LENGTH,
         "bos_token": None,

@@ -8,7 +8,7 @@
     python -m turingbox_warmup.image.flashinfer_aot install --from DIR --workspace-base DIR
 
 What vLLM 0.21 asks FlashInfer 0.6.8.post1 for (read from their source; `derive` re-reads it, and
-tests/cache/test_flashinfer_specs.py fails when either drifts):
+tests/turingbox_warmup/image/test_flashinfer_specs.py fails when either drifts):
 
   * attention (plans with --attention-backend FLASHINFER, no context parallelism, no TRTLLM below sm_100):
     `FlashInferMetadataBuilder._get_prefill_wrapper` makes a `BatchPrefillWithPagedKVCacheWrapper(backend="auto")`

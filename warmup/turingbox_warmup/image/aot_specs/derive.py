@@ -11,7 +11,7 @@ and the buffer slices vLLM passes all start 16-byte aligned); ints specialise by
 (== 1 -> constexpr 1, % 16 == 0 -> tt.divisibility=16, else none), so every int that varies with
 the batch is covered in each class a real batch can reach. Constexprs are exact values, several
 of them derived from the plan (block sizes, N_SEGS / PAGE_SIZE_EL, MTP depth): PLANS documents
-each input, kv_layout() re-does vLLM's arithmetic, and tests/cache/test_aot_specs.py checks the
+each input, kv_layout() re-does vLLM's arithmetic, and tests/turingbox_warmup/image/test_aot_specs.py checks the
 plans against `turingbox plan` and the files against a fresh derivation.
 
 What is assumed, not read from a GPU run (tests/gpu/cache_aot_check.py diffs sm_90 captures):

@@ -1,0 +1,239 @@
+"""bench/startup.py's mechanics on CPU: every phase in order against a stand-in engine (real HTTP
+processes: fake vLLM behind engine_filling_caches.py, and the real `turingbox serve` / `warmup`).
+The numbers mean nothing here; what is checked is that each phase runs what it claims on the
+caches it claims, and that the JSON and the chart come out. The real run is `make bench-startup`
+on a GPU host."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.cache_fixtures import plan, private_tmpdir  # noqa: F401  (the cache tests' fixtures, by import)
+from tests.turingbox.cache.test_seed_e2e import H200, QWEN36_CONFIG
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENGINE = os.path.join(REPO, "tests", "support", "engine_filling_caches.py")
+
+
+def bench(tmp_path, phase, *extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TURINGBOX_", "FAKE_VLLM_")) and k != "VLLM_WORKER_MULTIPROC_METHOD"}
+    env.update(FAKE_VLLM_STAGE_SECONDS="0.1", TURINGBOX_ACTIVE_WARMUP="0")
+    return subprocess.run([sys.executable, os.path.join(REPO, "bench", "startup.py"), "--phase", phase,
+                           "--model", str(tmp_path / "model"), "--gpus", "0,1", "--work", str(tmp_path / "work"),
+                           "--out", str(tmp_path / "out"), "--budget-s", "60",
+                           "--vllm-command", f"{sys.executable} {ENGINE}", "--turingbox-args", f"--gpus-json {H200}", *extra],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+
+
+def test_all_phases_run_on_the_caches_they_claim_and_write_json_and_chart(tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    seeded_before = None
+    for phase in ("empty", "seed", "seeded", "warm"):
+        r = bench(tmp_path, phase)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        if phase == "seed":
+            seeded_before = sorted(os.listdir(tmp_path / "work" / "seed-root" / "entries"))
+    results = json.load(open(tmp_path / "out" / "startup.json"))
+    phases = results["phases"]
+    assert set(phases) == {"empty", "seed", "seeded", "warm"}
+    assert phases["seed"]["turingbox"]["exit"] == 0
+    # the seed's engine compiled (an empty entry), so it started vLLM a second time, loading the graphs
+    assert 0 < phases["seed"]["turingbox"]["loading_start_s"] < phases["seed"]["turingbox"]["seconds"]
+    key = phases["seed"]["turingbox"]["result"]["cache_key"]
+    assert key == results["plan"]["cache_key"] and seeded_before == [key]
+    for phase in ("empty", "seeded", "warm"):
+        assert phases[phase]["parallel"] is True
+        for server in ("plain", "turingbox"):
+            res = phases[phase][server]
+            assert res["ready_s"] > 0 and res["first_ttft_s"] > 0, (phase, server, res)
+            stages = res["stages_s"]
+            assert stages["weights"] >= 0.08 and stages["compile + profile"] >= 0.08   # FAKE_VLLM_STAGE_SECONDS
+            assert abs(sum(stages.values()) - res["ready_s"]) < 0.05          # the breakdown adds up
+    logs = tmp_path / "work" / "logs"
+    # turingbox: a miss on empty caches, a hit on the copied seed, a hit again when warm.
+    assert f"cache miss for {key}" in (logs / "empty-turingbox.log").read_text()
+    seeded_log = (logs / "seeded-turingbox.log").read_text()
+    assert f"cache hit for {key}" in seeded_log and str(tmp_path / "work" / "tb-seeded-root") in seeded_log
+    assert f"cache hit for {key}" in (logs / "warm-turingbox.log").read_text()
+    # The seed itself stays untouched (the copy took the hits); plain vLLM ran on its copied HOME.
+    seed_manifest = json.load(open(tmp_path / "work" / "seed-root" / "entries" / key / "manifest.json"))
+    copy_manifest = json.load(open(tmp_path / "work" / "tb-seeded-root" / "entries" / key / "manifest.json"))
+    assert seed_manifest["hits"] == 0 and copy_manifest["hits"] == 2
+    assert "--worker-cls" not in (logs / "empty-plain.log").read_text()
+    # Plain vLLM keeps one HOME, as a user does: seeded is the empty run's caches copied back under it (vLLM 0.21's
+    # compile key hashes two folders under HOME); the empty run started with nothing, seeded and warm found them.
+    plain_home, both = str(tmp_path / "work" / "plain-home"), \
+            '["TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"]'   # the careful settings name all three
+    for phase, found in (("empty", "[]"), ("seeded", both), ("warm", both)):
+        assert f"engine_filling_caches: HOME {plain_home}, found {found}" in (logs / f"{phase}-plain.log").read_text()
+    assert os.path.isdir(tmp_path / "work" / "plain-empty-home")     # the empty run's caches, kept for reruns
+    # turingbox's HOME is new every start, and its caches are found anyway (the cache entry, not HOME, holds them).
+    assert (f"HOME {tmp_path / 'work' / 'home' / 'turingbox-seeded'}, "
+            f'found ["TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"]') in seeded_log
+    assert set(results["criteria"]) >= {"seeded_over_warm", "seeded_over_empty", "seeded_no_compile_autotune_jit",
+                                        "seeded_le_45s", "seeded_turingbox_over_plain", "seeded_le_1.0x_plain",
+                                        "warm_turingbox_over_plain", "seeded_first_le_1.2x_later"}
+    c = results["criteria"]
+    assert c["seeded_turingbox_over_plain"] == round(phases["seeded"]["turingbox"]["ready_s"]
+                                                     / phases["seeded"]["plain"]["ready_s"], 3)
+    with open(tmp_path / "out" / "startup.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_phases_out_of_order_say_what_to_run_first(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    r = bench(tmp_path, "seeded")
+    assert r.returncode != 0 and "run the seed phase first" in r.stderr
+
+
+def test_a_variant_reaches_both_servers_vllm(tmp_path):
+    # issue 18's A/B: the same vLLM flag for plain vLLM and for turingbox (after --), the same environment
+    # (here the stand-in's event file, so that the environment shows it arrived)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    events = tmp_path / "events.jsonl"
+    r = bench(tmp_path, "empty", "--vllm-args=--language-model-only", "--env", f"FAKE_VLLM_EVENTS={events}",
+              "--label", "lmo")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    phases = json.load(open(tmp_path / "out" / "startup.json"))["phases"]
+    assert list(phases) == ["empty+lmo"]                       # kept beside the baseline's "empty", not over it
+    phase = phases["empty+lmo"]
+    assert phase["variant"] == {"vllm_args": ["--language-model-only"], "env": {"FAKE_VLLM_EVENTS": str(events)}}
+    started = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "started"]
+    assert len(started) == 2                                   # plain vLLM and turingbox's vLLM
+    assert all(e["argv"][-1] == "--language-model-only" for e in started)
+    assert sum("--worker-cls" in e["argv"] for e in started) == 1
+
+
+def test_a_malformed_env_is_one_sentence(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    r = bench(tmp_path, "empty", "--env", "VLLM_WORKER_MULTIPROC_METHOD")
+    assert r.returncode != 0 and "--env takes KEY=VALUE, got 'VLLM_WORKER_MULTIPROC_METHOD'." in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_turingbox_only_environment_reaches_turingboxs_vllm_and_not_plain_vllm(tmp_path):
+    # issue 18's cheap A/B: --language-model-only for both (one argv), a forked engine core for turingbox only
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    events = tmp_path / "events.jsonl"
+    r = bench(tmp_path, "empty", "--vllm-args=--language-model-only", "--env", f"FAKE_VLLM_EVENTS={events}",
+              "--tb-env", "VLLM_WORKER_MULTIPROC_METHOD=fork", "--label", "lmo-fork")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    phase = json.load(open(tmp_path / "out" / "startup.json"))["phases"]["empty+lmo-fork"]
+    assert phase["variant"]["turingbox_env"] == {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+    started = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "started"]
+    by_server = {("turingbox" if "--worker-cls" in e["argv"] else "plain"): e for e in started}
+    assert by_server["turingbox"]["multiproc_method"] == "fork"
+    assert by_server["plain"]["multiproc_method"] is None
+    assert all(e["argv"][-1] == "--language-model-only" for e in started)
+    r = bench(tmp_path, "empty", "--tb-env", "fork")
+    assert r.returncode != 0 and "--tb-env takes KEY=VALUE, got 'fork'." in r.stderr
+
+
+def test_a_wrapped_turingbox_is_stopped_itself_and_the_wrapper_ends_with_it(tmp_path):
+    # --tb-wrap: a profiler around turingbox serve (py-spy on the GPU). py-spy SIGKILLs its child when interrupted, so
+    # the bench stops turingbox itself (SIGTERM: it drains and stops vLLM) and the profiler ends when its child does.
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    record = tmp_path / "profile.json"
+    wrapper = f"{sys.executable} {os.path.join(REPO, 'tests', 'bench', 'profiler_stand_in.py')} -o {record} --"
+    r = bench(tmp_path, "empty", "--only", "turingbox", f"--tb-wrap={wrapper}", "--label", "profiled")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    phase = json.load(open(tmp_path / "out" / "startup.json"))["phases"]["empty+profiled"]
+    assert phase["variant"]["turingbox_wrap"] == wrapper and phase["turingbox"]["ready_s"] > 0
+    assert json.loads(record.read_text()) == {"stopped_by": "child exit", "child_exit": 0}
+    log = (tmp_path / "work" / "logs" / "empty+profiled-turingbox.log").read_text()   # its own log
+    assert "SIGTERM received: draining" in log and "vLLM stopped (exit code 0)" in log
+
+
+def test_an_empty_run_of_one_server_keeps_the_other_servers_caches(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    for d in ("plain-home", "plain-empty-home", "tb-empty-root"):
+        (tmp_path / "work" / d).mkdir(parents=True)
+        (tmp_path / "work" / d / "kept").write_text("x")
+    r = bench(tmp_path, "empty", "--only", "turingbox", "--label", "tb-only")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (tmp_path / "work" / "plain-home" / "kept").exists()              # plain vLLM's, for its seeded run
+    assert (tmp_path / "work" / "plain-empty-home" / "kept").exists()
+    assert not (tmp_path / "work" / "tb-empty-root" / "kept").exists()      # turingbox's own: emptied
+
+
+def test_a_phase_run_one_server_at_a_time_keeps_both_results_and_each_servers_caches(tmp_path):
+    # tests/gpu/README.md: the GPU A/B runs in calls that each fit the machine's 10-minute window, so the seeded pair
+    # may come as two one-server runs. The second must neither drop the first's result nor re-copy its caches.
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    for phase, extra in (("empty", ["--only", "plain"]), ("seed", []), ("seeded", ["--only", "turingbox"])):
+        r = bench(tmp_path, phase, *extra)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    key = json.load(open(tmp_path / "out" / "startup.json"))["plan"]["cache_key"]
+    manifest = tmp_path / "work" / "tb-seeded-root" / "entries" / key / "manifest.json"
+    assert json.load(open(manifest))["hits"] == 1
+    r = bench(tmp_path, "seeded", "--only", "plain")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    results = json.load(open(tmp_path / "out" / "startup.json"))
+    seeded = results["phases"]["seeded"]
+    assert seeded["turingbox"]["ready_s"] > 0 and seeded["plain"]["ready_s"] > 0
+    assert results["criteria"]["seeded_turingbox_over_plain"] == round(
+        seeded["turingbox"]["ready_s"] / seeded["plain"]["ready_s"], 3)
+    assert json.load(open(manifest))["hits"] == 1          # turingbox's seeded copy was left as its run left it
+    both = '["TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"]'
+    assert f"found {both}" in (tmp_path / "work" / "logs" / "seeded-plain.log").read_text()
+
+
+def test_fair_ab_names_every_start_and_compares_against_plain_at_its_best(tmp_path):
+    """Issue 35's A/B, one server at a time as on one GPU: plain vLLM's empty start and two restarts in the unchanged
+    HOME with the careful cache settings, then its default restart; turingbox's seed, seeded and warm starts. Every
+    record says which start of which server it is, and the ratios pick plain's empty start (fresh node) and its
+    third careful start (restart)."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    steps = [("empty", "--only", "plain"), ("warm", "--only", "plain", "--label", "start2"),
+             ("warm", "--only", "plain", "--label", "start3"), ("seed",), ("seeded", "--only", "turingbox"),
+             ("warm", "--only", "turingbox"), ("warm", "--only", "plain", "--label", "default", "--plain-caches",
+                                                "default")]
+    for phase, *flags in steps:
+        r = bench(tmp_path, phase, "--gpus", "0", *flags)
+        assert r.returncode == 0, (phase, flags, r.stdout[-3000:] + r.stderr[-3000:])
+    results = json.load(open(tmp_path / "out" / "startup.json"))
+    phases = results["phases"]
+    starts = {(row["record"], row["server"]): row["start"] for row in results["starts"]}
+    assert starts[("empty", "plain")] == {"server": "plain", "n": 1, "caches_at": "plain-home", "caches": "empty",
+                                          "cache_settings": "careful"}
+    assert starts[("warm+start2", "plain")]["n"] == 2 and starts[("warm+start3", "plain")]["n"] == 3
+    assert starts[("warm+start3", "plain")]["caches"] == "unchanged"
+    assert starts[("warm+default", "plain")] == {"server": "plain", "n": 4, "caches_at": "plain-home",
+                                                 "caches": "unchanged", "cache_settings": "default"}
+    assert starts[("seeded", "turingbox")]["n"] == 1 and starts[("seeded", "turingbox")]["caches"] == "copied"
+    assert starts[("warm", "turingbox")] == {"server": "turingbox", "n": 2, "caches_at": "tb-seeded-root",
+                                             "caches": "unchanged"}
+    # the careful settings reach plain vLLM: its Triton cache under HOME got the stand-in's kernel and autotune result
+    # at the first start, and nothing new at the restarts
+    assert phases["empty"]["plain"]["compiled"]["during_start"] == 1
+    assert phases["warm+start3"]["plain"]["compiled"]["during_start"] == 0
+    assert (tmp_path / "work" / "plain-home" / ".triton" / "cache" / "KERNELHASH" / "chunk_fwd.autotune.json").exists()
+    fair = results["fair_ab"]
+    assert fair["fresh_node"]["plain"].startswith("empty (start 1")
+    assert fair["restart"]["plain"].startswith("warm+start3 (start 3, unchanged caches, careful")
+    assert fair["restart"]["turingbox"] == "warm (start 2)"
+    assert fair["restart"]["ratio"] == round(phases["warm"]["turingbox"]["ready_s"]
+                                             / phases["warm+start3"]["plain"]["ready_s"], 3)
+    assert fair["plain_default_restart"]["start"] == 4 and "restart_note" not in fair
+    # and against plain's fastest restart on record, whichever start and settings it was
+    restarts = {k: phases[k]["plain"]["ready_s"] for k in ("warm+start2", "warm+start3", "warm+default")}
+    best = min(restarts, key=restarts.get)
+    assert fair["restart_vs_plain_best"]["plain"].startswith(f"{best} (start ")
+    assert fair["restart_vs_plain_best"]["plain_restarts_s"] == sorted(restarts.values())
+    assert fair["restart_vs_plain_best"]["ratio"] == round(phases["warm"]["turingbox"]["ready_s"] / restarts[best], 3)
+    # the labelled runs keep their own logs beside the baseline's
+    logs = tmp_path / "work" / "logs"
+    assert (logs / "warm+start3-plain.log").exists() and (logs / "warm+default-plain.log").exists()
