@@ -175,7 +175,11 @@ for phase in "$@"; do
               soak_hostile=""; [ "${SOAK_HOSTILE:-0}" = 1 ] && soak_hostile="timeout 300 python3 tests/gpu/hostile.py --url http://127.0.0.1:\$PROXY_PORT --out \$OUT/hostile-soak64.json > \$OUT/hostile-soak64.txt 2>&1; "
               soak_after=(--after='touch /tmp/session/soak64.plain-serving; python3 tests/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:$PLAIN_PORT $REPLAY_ARGS --out $OUT > $OUT/replay-soak64.txt 2>&1')
               [ "${SOAK_PLAIN:-1}" = 0 ] && soak_after=(--skip-plain)
-              rm -rf /tmp/tbsoak-seeded /tmp/tbsoak-plain; cp -a /tmp/tbsoak /tmp/tbsoak-seeded
+              # SOAK_CACHES=empty: no soakseed before it; turingbox serves from empty caches (a cold start, its strict
+              # warmup compiling everything): the soak when the session's device time cannot also hold the seed
+              rm -rf /tmp/tbsoak-seeded /tmp/tbsoak-plain
+              if [ "${SOAK_CACHES:-seeded}" = empty ]; then echo "soak64: empty caches (no soakseed)" | tee $R/soak64-caches.txt
+              else cp -a /tmp/tbsoak /tmp/tbsoak-seeded; echo "soak64: a copy of soakseed's entry" > $R/soak64-caches.txt; fi
               key=$(ls /tmp/tbsoak/entries 2>/dev/null | head -1)
               if [ -n "$key" ]; then cp -a /tmp/tbsoak/entries/$key /tmp/tbsoak-plain; else mkdir -p /tmp/tbsoak-plain; fi
               timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo --phase soak64 --gpus $one,$one \
