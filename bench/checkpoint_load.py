@@ -30,7 +30,7 @@ tokenizer, no weights):
                                       a JSON record (size, disk GB/s, per format load_s and ratio, argv, machine, date)
 
 On the GPU machine (the AWQ demo, 64 layers; ~19.5 GB of shards, so /tmp needs ~20 GB free), after
-tests/gpu/bootstrap.sh (PYTHONPATH=/tmp/site); each block fits one 10-minute call, /tmp/ckres survives between calls:
+bench/gpu/bootstrap.sh (PYTHONPATH=/tmp/site); each block fits one 10-minute call, /tmp/ckres survives between calls:
 
   python3 -m turingbox demo-model /tmp/ckpt-awq --awq && mkdir -p /tmp/ckres
   python3 bench/checkpoint_load.py tensors /tmp/ckpt-awq --check-vllm > /tmp/ckres/tensors.txt

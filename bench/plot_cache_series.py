@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Chart for docs/benchmarks.md: time to ready per start of one plan, split into turingbox's stages.
 
-Reads `side_by_side-<phase>.json` (tests/gpu/side_by_side.py) for each phase given, in order:
+Reads `side_by_side-<phase>.json` (bench/gpu/side_by_side.py) for each phase given, in order:
 
   python3 bench/plot_cache_series.py docs/data/2026-11-30-h200x2-tp2 docs/img/cache-series-h200-tp2.png \\
       tp2cold:"empty caches" tp2seeded:"seeded copy" tp2warm:"all warm" tp2baked:"from baked layer"

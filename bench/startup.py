@@ -724,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
                         "stopped by a SIGTERM to turingbox itself, and the wrapper ends when turingbox has")
     p.add_argument("--label", default="",
                    help="keep this run's result as PHASE+LABEL (a variant beside the baseline); the caches in --work "
-                        "are shared, so run the baseline's phases first (tests/gpu/README.md)")
+                        "are shared, so run the baseline's phases first (bench/gpu/README.md)")
     p.add_argument("--only", choices=SERVERS, help="run only one of the two servers")
     p.add_argument("--plain-caches", choices=PLAIN_CACHES, default="careful",
                    help="plain vLLM's cache settings: careful (VLLM_CACHE_ROOT, TRITON_CACHE_DIR, "
@@ -745,7 +745,7 @@ def main(argv: list[str] | None = None) -> int:
         phase_result["date"] = time.strftime("%Y-%m-%d %H:%M:%S")
         key = phase_key(a.phase, a.label)
         kept = results["phases"].get(key) or {}
-        # One server at a time (--only; tests/gpu/README.md splits the A/B into calls that each fit a machine's
+        # One server at a time (--only; bench/gpu/README.md splits the A/B into calls that each fit a machine's
         # 10-minute window): the other server's result of the same phase stays beside this one.
         other = {s: kept[s] for s in SERVERS if s not in bench.servers() and s in kept}
         results["phases"][key] = {**phase_result, **other}

@@ -168,7 +168,7 @@ def test_an_empty_run_of_one_server_keeps_the_other_servers_caches(tmp_path):
 
 
 def test_a_phase_run_one_server_at_a_time_keeps_both_results_and_each_servers_caches(tmp_path):
-    # tests/gpu/README.md: the GPU A/B runs in calls that each fit the machine's 10-minute window, so the seeded pair
+    # bench/gpu/README.md: the GPU A/B runs in calls that each fit the machine's 10-minute window, so the seeded pair
     # may come as two one-server runs. The second must neither drop the first's result nor re-copy its caches.
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())

@@ -1,4 +1,4 @@
-"""The scripts that only run on the GPU machine (tests/gpu, bench) and the build files name turingbox modules,
+"""The scripts that only run on the GPU machine (bench/, bench/gpu/ among them) and the build files name turingbox modules,
 their functions and CLI subcommands. A rename that misses one costs a GPU session, so every such name must
 resolve here, on CPU, without importing the heavy modules (names are looked up in the module's source)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import re
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLACES = ["tests/gpu", "bench", "tools", "deploy", "Makefile", "Dockerfile", "compose.yaml", ".ci/run"]
+PLACES = ["bench", "tools", "deploy", "Makefile", "Dockerfile", "compose.yaml", ".ci/run"]
 # any module whose name starts with turingbox (an old package name must be caught, not skipped)
 FROM_IMPORT = re.compile(r"\bfrom\s+(turingbox\w*(?:\.\w+)*)\s+import\s+([\w, ]+)")
 IMPORT = re.compile(r"^\s*import\s+(turingbox\w*(?:\.\w+)*)", re.M)

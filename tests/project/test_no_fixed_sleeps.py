@@ -1,5 +1,5 @@
 """No test waits by sleeping a fixed time: a test waits on its condition (tests/support/waiting.py's wait_until, an Event,
-a line or file appearing). Every `sleep(` in tests/ (the GPU scripts in tests/gpu/ aside) says on its line why it
+a line or file appearing). Every `sleep(` in tests/ (tests/bench/gpu/ included) says on its line why it
 is not such a wait:
   `# behaviour:`  the pause is what is under test (a stand-in that answers slowly, a client that stalls);
   `# poll:`       the pause between two checks of a condition, inside a loop bounded by a deadline.
@@ -18,7 +18,7 @@ MARKERS = ("# behaviour:", "# poll:")
 def python_files() -> list[str]:
     found = []
     for root, dirs, files in os.walk(TESTS):
-        dirs[:] = [d for d in dirs if d not in ("gpu", "__pycache__")]
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
         found += [os.path.join(root, f) for f in files if f.endswith(".py")]
     return sorted(p for p in found if p != os.path.abspath(__file__))      # this file's samples are not waits
 

@@ -4,7 +4,7 @@
 Starts a real `turingbox serve` in front of the stand-in upstream (tests/support/fake_vllm.py) with a
 fixed upstream port, then alternates the same request against the upstream's port and the sidecar's
 port (the order flips every round, so drift and warm-up hit both sides alike). The client is
-http.client, as in tests/gpu/side_by_side.py: one new connection per request ("fresh") or one kept
+http.client, as in bench/gpu/side_by_side.py: one new connection per request ("fresh") or one kept
 open ("keepalive").
 
     python tests/reliability/latency_bench.py --requests 300 --first-chunk-delay 0.08 --json out.json

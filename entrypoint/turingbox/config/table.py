@@ -400,9 +400,9 @@ HARNESS_PREFIX = "TURINGBOX_TEST_"
 HARNESS_VARIABLES: dict[str, str] = {
     "TURINGBOX_BAKE_TEST_IMAGE": "tests/turingbox_warmup: the image the bake tests run",
     "TURINGBOX_VLLM_CPU": "tests/turingbox/plan, tools/ci: vLLM's Python code installed for the CPU tests",
-    "TURINGBOX_SKIP_GDN_BUILD": "tests/gpu/bootstrap.sh: skip building the sm_75 GDN library",
-    "TURINGBOX_CAPTURE_DIR": "tests/gpu/cache_aot_check.py: where its engines record kernel launches",
-    "TURINGBOX_DEMO_DIR": "tests/gpu/crash_repro_cpu.py: the demo model it loads",
+    "TURINGBOX_SKIP_GDN_BUILD": "bench/gpu/bootstrap.sh: skip building the sm_75 GDN library",
+    "TURINGBOX_CAPTURE_DIR": "bench/gpu/cache_aot_check.py: where its engines record kernel launches",
+    "TURINGBOX_DEMO_DIR": "bench/gpu/crash_repro_cpu.py: the demo model it loads",
 }
 
 

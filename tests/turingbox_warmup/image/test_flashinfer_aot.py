@@ -4,7 +4,7 @@ shared-memory check of the head_dim-256 prefill (real nvcc compiles, no GPU).
 Needs FlashInfer 0.6.8.post1's source (see test_flashinfer_specs.py), torch, ninja and nvcc; skips locally
 without them and fails under CI=1. test_sm75_launched_prefill_kernels_fit compiles the two kernels vLLM launches
 on a 2080 Ti (~1.5 min on 2 cores); building the whole module takes ~12 min there, so the full build is the
-image's job (Dockerfile) and tests/gpu/flashinfer_baked_check.sh's.
+image's job (Dockerfile) and bench/gpu/flashinfer_baked_check.sh's.
 """
 from __future__ import annotations
 

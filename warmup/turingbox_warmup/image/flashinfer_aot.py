@@ -219,7 +219,7 @@ VARIANTS = (
     ("kv_cache_dtype=auto", {"TURINGBOX_KV_CACHE_DTYPE": "auto"}),
     ("kv_cache_dtype=fp8_e5m2", {"TURINGBOX_KV_CACHE_DTYPE": "fp8_e5m2"}),
 )
-# The H200 run of tests/gpu/flashinfer_baked_check.sh (FlashInfer forced on sm_90).
+# The H200 run of bench/gpu/flashinfer_baked_check.sh (FlashInfer forced on sm_90).
 SM90_FLASHINFER = ("attention_backend=FLASHINFER,dtype=bfloat16",
                    {"TURINGBOX_ATTENTION_BACKEND": "FLASHINFER", "TURINGBOX_DTYPE": "bfloat16"})
 

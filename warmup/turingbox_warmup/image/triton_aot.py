@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--specs", action="append", default=None,
                    help="specializations (JSON list or JSON lines; repeatable); default: the files shipped "
                         f"in {PACKAGED_SPECS} (derived by aot_specs/derive.py; GPU captures "
-                        "from tests/gpu/cache_aot_check.py use the same format)")
+                        "from bench/gpu/cache_aot_check.py use the same format)")
     p.add_argument("--arch", default=",".join(ARCHS), help="comma-separated compute capabilities")
     p.add_argument("--cache-dir", "--out", dest="cache_dir", required=True,
                    help="Triton cache directory to fill (the baked layer)")

@@ -14,7 +14,7 @@ of them derived from the plan (block sizes, N_SEGS / PAGE_SIZE_EL, MTP depth): P
 each input, kv_layout() re-does vLLM's arithmetic, and tests/turingbox_warmup/image/test_aot_specs.py checks the
 plans against `turingbox plan` and the files against a fresh derivation.
 
-What is assumed, not read from a GPU run (tests/gpu/cache_aot_check.py diffs sm_90 captures):
+What is assumed, not read from a GPU run (bench/gpu/cache_aot_check.py diffs sm_90 captures):
   * default vLLM settings besides the plan's argv: no --block-size, mamba/ssm cache dtype auto
     (ssm float32 from the model's mamba_ssm_dtype), no context parallelism, padded drafter batch,
     no synthetic rejection sampling (benchmarks that enable it launch SYNTHETIC_MODE=True: not baked);

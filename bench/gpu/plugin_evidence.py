@@ -6,7 +6,7 @@ For each mode: start vLLM, time readiness, first-request TTFT vs the median of t
 JIT after ready) and scan the log for vLLM's jit_monitor warnings. Writes $OUT/plugin-evidence.json,
 one log per mode, bench JSONs and the prefill PNG; prints a short summary.
 
-Run on the GPU machine (see tests/gpu/plugin_evidence.sh).
+Run on the GPU machine (see bench/gpu/plugin_evidence.sh).
 """
 from __future__ import annotations
 

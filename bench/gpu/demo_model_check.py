@@ -7,7 +7,7 @@ starts `vllm serve DEMO --load-format dummy` text-only (and, with --multimodal, 
 image/video limits so vLLM builds the HF processor) and sends chat requests with tools and thinking on
 and off, comparing vLLM's /tokenize of the chat with the local template + tokenizer.
 
-  source tests/gpu/bootstrap.sh && python3 tests/gpu/demo_model_check.py --out $OUT [--multimodal]
+  source bench/gpu/bootstrap.sh && python3 bench/gpu/demo_model_check.py --out $OUT [--multimodal]
 
 Prints one JSON summary line per check and writes $OUT/demo_model_check.json (+ vllm-*.log).
 """

@@ -1,7 +1,7 @@
-"""The traffic soak's request generator (tests/gpu/soak.py): seeded, deterministic, no I/O.
+"""The traffic soak's request generator (bench/gpu/soak.py): seeded, deterministic, no I/O.
 
 The parameter space is vLLM 0.21.0's own request models: the field lists come from vLLM's classes, not from
-this file. tests/gpu/test_soak_generator.py reads the pydantic `model_fields` of the five classes named in
+this file. tests/bench/gpu/test_soak_generator.py reads the pydantic `model_fields` of the five classes named in
 REQUEST_MODELS (ChatCompletionRequest, vllm/entrypoints/openai/chat_completion/protocol.py; CompletionRequest,
 .../completion/protocol.py; ResponsesRequest, .../responses/protocol.py; TokenizeCompletionRequest and
 TokenizeChatRequest, vllm/entrypoints/serve/tokenize/protocol.py) from vLLM's unpacked source and fails unless

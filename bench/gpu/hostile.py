@@ -7,7 +7,7 @@ Writes a JSON record (--out): the refusal (status, body), the TTFTs of both roun
 loaded / unloaded, and turingbox's refusal counters from /metrics. Exit 0 when the request was refused with 400 and
 the ratio is <= 1.2, else 1 (the record says which).
 
-  python3 tests/gpu/hostile.py --url http://127.0.0.1:8000 --out /tmp/results/hostile.json
+  python3 bench/gpu/hostile.py --url http://127.0.0.1:8000 --out /tmp/results/hostile.json
 """
 from __future__ import annotations
 
@@ -20,6 +20,17 @@ import time
 import urllib.parse
 
 HOSTILE = {"messages": [{"role": "user", "content": "Write a very long story."}], "n": 1000, "temperature": 1.0}
+MAX_RATIO = 1.2        # the other clients' median TTFT with the hostile request beside them / without it
+
+
+def verdict(hostile_answer: dict, unloaded: list[float], loaded: list[float]) -> dict:
+    """The record's verdict fields: the hostile request refused with 400 (an answer without a status, when its
+    thread failed, is not a refusal), the medians of both rounds' TTFTs, their ratio loaded / unloaded, and ok."""
+    u, l = statistics.median(unloaded), statistics.median(loaded)
+    out = {"unloaded_median_s": round(u, 4), "loaded_median_s": round(l, 4), "ratio": round(l / u, 3),
+           "refused": hostile_answer.get("status") == 400}
+    out["ok"] = out["refused"] and out["ratio"] <= MAX_RATIO
+    return out
 
 
 def _conn(url: str, timeout: float) -> http.client.HTTPConnection:
@@ -105,13 +116,10 @@ def main(argv: list[str] | None = None) -> int:
                        body=r.read()[:2000].decode("utf-8", "replace"))
 
     loaded = round_of(a.url, model, a.clients, a.rounds, during=send_hostile)
-    u, l = statistics.median(unloaded), statistics.median(loaded)
     record = {"url": a.url, "model": model, "hostile_request": HOSTILE, "hostile_answer": hostile,
               "clients": a.clients, "rounds": a.rounds, "unloaded_ttft_s": unloaded, "loaded_ttft_s": loaded,
-              "unloaded_median_s": round(u, 4), "loaded_median_s": round(l, 4), "ratio": round(l / u, 3),
+              **verdict(hostile, unloaded, loaded),
               "metrics_after": metrics(a.url), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    record["refused"] = hostile.get("status") == 400
-    record["ok"] = record["refused"] and record["ratio"] <= 1.2
     with open(a.out, "w") as f:
         json.dump(record, f, indent=1)
     print(json.dumps({k: record[k] for k in ("hostile_answer", "unloaded_median_s", "loaded_median_s", "ratio",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU machine: install vLLM 0.21.0 (from the staged wheel chunks in /tmp/dw) and this checkout into /tmp/site.
-# Idempotent; keeps /tmp between calls while the machine stays warm.  Usage: source tests/gpu/bootstrap.sh
+# Idempotent; keeps /tmp between calls while the machine stays warm.  Usage: source bench/gpu/bootstrap.sh
 # Sourced: it stops the sourcing shell on a failed step (set -e), then gives the caller back its own errexit
 # setting, so that a session script's failing phase does not end the whole session.
 case $- in *e*) _tb_errexit=1 ;; *) _tb_errexit= ;; esac

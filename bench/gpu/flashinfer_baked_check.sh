@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU machine (H200, sm_90; vLLM 0.21 with its FlashInfer 0.6.8.post1; nvcc 13 on PATH or in /usr/local/cuda).
-#   OUT=/tmp/out bash tests/gpu/flashinfer_baked_check.sh            (about 10-15 min; sources bootstrap.sh)
+#   OUT=/tmp/out bash bench/gpu/flashinfer_baked_check.sh            (about 10-15 min; sources bootstrap.sh)
 # Issue 20: FlashInfer's JIT modules baked ahead of time (turingbox_warmup.image.flashinfer_aot) mean a start invokes
 # nvcc zero times. Plan: the 4-layer demo with TURINGBOX_ATTENTION_BACKEND=FLASHINFER TURINGBOX_DTYPE=bfloat16.
 #   1. `flashinfer_aot build --plan-json` builds that plan's modules (sm_90a: the fa2 bf16/e4m3 batch prefill
@@ -13,7 +13,7 @@
 # .cuda.o files a JIT build leaves in the entry, seconds to ready, the first and second request's TTFT and the
 # sidecar's turingbox_jit_after_ready (Triton). Writes $OUT/flashinfer_baked_check.json and the logs.
 set -u
-source tests/gpu/bootstrap.sh
+source bench/gpu/bootstrap.sh
 OUT=${OUT:-/tmp/out}
 W=${FI_WORK:-/tmp/fibaked}
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-900}

@@ -7,7 +7,7 @@ after each that the server still answers; a server that died is restarted and th
 single culprit is found. If no single request kills it, the whole set is sent at once and, when that kills
 it, halves of the killing set are sent at once until the smallest killing group is left. Writes
 $OUT/crash-bisect.json and vLLM's /metrics page of the first healthy server ($OUT/vllm-metrics.txt).
-    python3 tests/gpu/crash_bisect.py --plan plan.json --candidates tests/gpu/crash_candidates.json
+    python3 bench/gpu/crash_bisect.py --plan plan.json --candidates bench/gpu/crash_candidates.json
 """
 import argparse, concurrent.futures as cf, json, os, subprocess, sys, time
 import httpx

@@ -3,14 +3,14 @@
 JIT-after-ready counters sampled from its /metrics while it runs.
 
   # the soak (runs --duration s AND at least --min-requests requests; --max-duration is a hard stop)
-  python3 tests/gpu/soak.py --url http://127.0.0.1:8000 --seed 15 --out $OUT --tag soak64
+  python3 bench/gpu/soak.py --url http://127.0.0.1:8000 --seed 15 --out $OUT --tag soak64
   # the same requests (every 4xx of the soak + --sample of the rest) against plain `vllm serve`
-  python3 tests/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:8200 --out $OUT
+  python3 bench/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:8200 --out $OUT
   # first request vs the next ten (side_by_side.py's ttft(); right after ready only)
-  python3 tests/gpu/soak.py --url http://127.0.0.1:8000 --first-check-only --out $OUT --tag x
+  python3 bench/gpu/soak.py --url http://127.0.0.1:8000 --first-check-only --out $OUT --tag x
   # the PNG again (where matplotlib is installed), or one verdict for a GPU phase
-  python3 tests/gpu/soak.py --plot $OUT/soak-soak64.jsonl
-  python3 tests/gpu/soak.py --verdict --tag soak64 --out $OUT
+  python3 bench/gpu/soak.py --plot $OUT/soak-soak64.jsonl
+  python3 bench/gpu/soak.py --verdict --tag soak64 --out $OUT
 
 Endpoints (soak_gen.py draws them): /v1/chat/completions, /v1/completions, /v1/responses (streamed and not) and
 /tokenize (both its forms). vLLM serves /tokenize at its root; turingbox's sidecar proxies it like /v1/*.

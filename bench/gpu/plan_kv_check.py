@@ -9,8 +9,8 @@ sized its KV cache (or the server is up), stops it, and compares:
   planned memory.kv_cache_tokens  vs  "GPU KV cache size: N tokens"
   planned weights/activation/non-torch/CUDA-graph  vs  vLLM's memory profile (DEBUG) and log lines
 
-  source tests/gpu/bootstrap.sh && python3 tests/gpu/plan_kv_check.py --out $OUT [--eager] [--tp N]
-  python3 tests/gpu/plan_kv_check.py --plan plan.json --log vllm.log     # only compare an existing log
+  source bench/gpu/bootstrap.sh && python3 bench/gpu/plan_kv_check.py --out $OUT [--eager] [--tp N]
+  python3 bench/gpu/plan_kv_check.py --plan plan.json --log vllm.log     # only compare an existing log
 
 Prints one JSON line (also $OUT/plan_kv_check.json; plan.json and vllm.log beside it). Goal: KV within 5%.
 """

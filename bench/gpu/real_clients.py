@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """GPU machine: real clients through the sidecar (issue 8, part 2).
 
-Run while `turingbox serve` is up (tests/gpu/side_by_side.py --after runs it with the ports set):
+Run while `turingbox serve` is up (bench/gpu/side_by_side.py --after runs it with the ports set):
 
     PROXY_PORT=8000 DIRECT_PORT=8100 MODEL=demo TOKENIZER=/tmp/demo OUT=/tmp/results \
-        python3 tests/gpu/real_clients.py
+        python3 bench/gpu/real_clients.py
 
 1. The official `openai` client against the sidecar: model list, chat, completions, streaming chat with
    usage, a forced tool call (plain and streamed; vLLM's structured output makes it valid JSON even with

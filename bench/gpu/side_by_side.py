@@ -6,7 +6,7 @@ Measures, for each server: time to ready, first-request TTFT vs the median of th
 vLLM reports vs the plan's. With two GPUs the two servers start at the same time on separate GPUs; with one
 they run one after the other. Writes JSON and logs to $OUT.
 
-  python3 tests/gpu/side_by_side.py --model /tmp/demo --phase cold --out $OUT
+  python3 bench/gpu/side_by_side.py --model /tmp/demo --phase cold --out $OUT
 """
 from __future__ import annotations
 

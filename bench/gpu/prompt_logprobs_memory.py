@@ -6,7 +6,7 @@ computes them in slices of at most 128 MiB (`fix_prompt_logprobs_slices`). This 
 prompt_logprobs on a prompt of about --tokens tokens through a running server and reads the GPU's used memory
 (nvidia-smi) before and after; the torch caching allocator keeps what the peak reserved, so the growth shows it.
 
-  python3 tests/gpu/prompt_logprobs_memory.py --url http://127.0.0.1:8000 --gpu 0 --json OUT.json
+  python3 bench/gpu/prompt_logprobs_memory.py --url http://127.0.0.1:8000 --gpu 0 --json OUT.json
 
 Prints one JSON object; exit 0 when the request answered 200 with the prompt's logprobs and the growth stayed
 under --max-growth-gib (default 1.0: vLLM's own whole-chunk peak for 8,000 tokens is > 10 GiB).

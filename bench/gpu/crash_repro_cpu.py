@@ -22,10 +22,10 @@ Runs vLLM 0.21.0's own Python code on CPU (no GPU, no model). The chain it shows
      flat position 4*i+0 (i = the victim's batch row; all drafts rejected -> position 0). The gather
      kernel runs 128 threads x 4 elements per block: element 28 -> block 0, thread 28 -> victim at row 7.
 
-  python3 tests/gpu/crash_repro_cpu.py              # steps 1-4 as unit checks (~1 min, mostly imports)
-  python3 tests/gpu/crash_repro_cpu.py --trace      # + replay of the s5 and s4 soak records through vLLM's
+  python3 bench/gpu/crash_repro_cpu.py              # steps 1-4 as unit checks (~1 min, mostly imports)
+  python3 bench/gpu/crash_repro_cpu.py --trace      # + replay of the s5 and s4 soak records through vLLM's
                                                     #   AsyncScheduler/KVCacheManager/InputBatch (~3 min)
-  python3 tests/gpu/crash_repro_cpu.py --patched    # the same with the proposed plugin fix applied
+  python3 bench/gpu/crash_repro_cpu.py --patched    # the same with the proposed plugin fix applied
 
 Step 3 cannot run on CPU faithfully (the Triton interpreter reduces NaN differently from the GPU); it is
 emulated with the GPU behaviour upstream measured, and --interpret also runs the real kernel under

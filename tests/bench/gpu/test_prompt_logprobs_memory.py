@@ -1,4 +1,4 @@
-"""tests/gpu/prompt_logprobs_memory.py (the GPU check of the plugin's prompt-logprobs slices) on CPU, before it
+"""bench/gpu/prompt_logprobs_memory.py (the GPU check of the plugin's prompt-logprobs slices) on CPU, before it
 costs device time: against the fake vLLM HTTP process, with an nvidia-smi stand-in on PATH that prints the used
 memory a file holds (what the real one prints for --query-gpu=memory.used --format=csv,noheader,nounits)."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ import urllib.request
 
 from tests.support.waiting import wait_until
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(REPO, "tests", "gpu", "prompt_logprobs_memory.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+SCRIPT = os.path.join(REPO, "bench", "gpu", "prompt_logprobs_memory.py")
 FAKE_VLLM = os.path.join(REPO, "tests", "support", "fake_vllm.py")
 
 

@@ -2,9 +2,9 @@
 Qwen3.6-27B GDN shapes (16 key / 48 value heads of 128, split by TP=1/2/4).
 
 Run on the GPU machine from the repository root (about 2-3 minutes, FLA autotuning included):
-    PYTHONPATH=/tmp/site python3 tests/gpu/gdn_bench.py
+    PYTHONPATH=/tmp/site python3 bench/gpu/gdn_bench.py
 Writes $OUT/gdn_bench.json and $OUT/gdn_bench.png (if matplotlib is importable; otherwise run
-`python3 tests/gpu/gdn_bench.py --plot $OUT/gdn_bench.json` anywhere with matplotlib).
+`python3 bench/gpu/gdn_bench.py --plot $OUT/gdn_bench.json` anywhere with matplotlib).
 Times are per call of ONE layer, eager launches on one stream (what runs when vLLM's decode is
 PIECEWISE, as on sm_75 with MTP), median of CUDA-event timings after warmup.
 Prefill: chunk_gated_delta_rule, one sequence of L tokens with an initial state, fp16.

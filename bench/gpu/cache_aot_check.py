@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GPU machine: kernels compiled ahead of time for this GPU's arch load without compiling.
 
-    source tests/gpu/bootstrap.sh && python3 tests/gpu/cache_aot_check.py      # ~1-2 min, JSON to $OUT
+    source bench/gpu/bootstrap.sh && python3 bench/gpu/cache_aot_check.py      # ~1-2 min, JSON to $OUT
 
 Four fresh processes, the same kernel launches in each (the plugin's `scaled_copy_kernel`,
 vLLM 0.21's `rejection_greedy_sample_kernel` -- the greedy variant DESIGN lists as first-request
@@ -22,7 +22,7 @@ It then diffs the captured records against the ones the image ships (turingbox_w
 *.jsonl, derived from vLLM's source, not captured): "shipped_diff" lists captured specializations
 no shipped record covers ("missing_from_shipped": these would JIT at run time in the image).
 
-    python3 tests/gpu/cache_aot_check.py --engine      # + ~6-10 min: the real first-request kernels
+    python3 bench/gpu/cache_aot_check.py --engine      # + ~6-10 min: the real first-request kernels
 
 --engine also starts `vllm serve` with this machine's `turingbox plan` (its vllm_args, without the
 plugin's worker/config so only vLLM's own launches are seen) on the demo model (dummy weights), with a

@@ -2,7 +2,7 @@
 PyTorch reference (plugin/turingbox_plugin/gdn/reference.py).
 
 Run on the GPU machine from the repository root (a few minutes on a cold Triton cache):
-    PYTHONPATH=/tmp/site python3 tests/gpu/gdn_correctness.py
+    PYTHONPATH=/tmp/site python3 bench/gpu/gdn_correctness.py
 Builds the library first if needed (plugin/build_gdn.sh). Writes $OUT/gdn_correctness.json and
 prints one line per case; exits 1 if any turingbox case is outside tolerance.
 

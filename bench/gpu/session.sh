@@ -1,17 +1,33 @@
 #!/usr/bin/env bash
 # GPU machine: run the evidence phases one after another, detached (setsid) so that short `run` calls can
-# poll while it works.  Usage:  setsid nohup bash tests/gpu/session.sh PHASE... >/tmp/session.log 2>&1 &
-# Phases: smoke, gdn, cold, seeded, warm, gdnbench, aot, tp2 (TP=1 pairs with plain vLLM on two GPUs), and the
-# TP=2 series on both GPUs: tp2cold (+ real clients, interleaved proxy latency), tp2seeded, tp2warm, tp2baked;
-# tp4cold, tp4seeded, tp4mtp3 (four GPUs, issue 7); seedonly (warmup --seed-only, then clients starts from a copy); greedy (turbo vs vLLM GDN tokens end to end), clients (4-layer demo: openai client, JIT check, proxy latency,
-# benches), turbo / turbo-ref (the same demo with TURINGBOX_GDN=turbo / vllm, cold, benches); soakseed, soak64, soakawq
-# (issue 15's traffic soak: tests/gpu/soak.py; SOAK_S, SOAK_MIN_REQ, SOAK_MAX_S, SOAK_SEED, SOAK_PEER below); replay8
-# (session 8's soak replayed against the fixed plugin, beside soakawq); fibaked (issue 20,
-# beside soak64); startup (issue 18's A/B, bench/startup.sh; STARTUP_STEPS names its steps), then plmem (prompt_logprobs
-# memory on its caches), then startupx (turingbox warm under py-spy; STARTUP_NOACTIVE=1 adds one without the active
-# warmup, STARTUP_SPAWN=1 a spawned one).
+# poll while it works.  Usage:  setsid nohup bash bench/gpu/session.sh PHASE... >/tmp/session.log 2>&1 &
+# Phases, one `case` branch each (tests/bench/gpu/test_session_script.py checks this list against the branches):
+#   smoke: 4 layers, eager: the plugin worker, strict warmup, status files, active warmup and sidecar
+#   gdn, gdnbench: the sm_75 GDN kernels' correctness and microbenchmarks
+#   cold, seeded, warm: TP=1 pairs with plain vLLM on two GPUs
+#   aot: kernels compiled ahead of time load without compiling (bench/gpu/cache_aot_check.py)
+#   tp2, tp2cold, tp2seeded, tp2warm, tp2baked: the TP=2 series on both GPUs (tp2cold: + real clients, interleaved
+#     proxy latency)
+#   tp4cold, tp4seeded, tp4mtp3: four GPUs (issue 7)
+#   seedonly: warmup --seed-only, then clients starts from a copy
+#   clients: 4-layer demo: openai client, JIT check, proxy latency, benches
+#   turbo, turbo-ref: the same demo with TURINGBOX_GDN=turbo / vllm, cold, benches
+#   tools: the plugin's doctor, verify and check-model on a GPU
+#   greedy, greedy-vllm, greedy-turbo, greedy-compare: turbo vs vLLM GDN tokens end to end (both modes, one each,
+#     the comparison)
+#   bisect: which soak request killed vLLM's engine (bench/gpu/crash_bisect.py)
+#   soakseed, soak64, soakawq: issue 15's traffic soak (bench/gpu/soak.py; SOAK_S, SOAK_MIN_REQ, SOAK_MAX_S,
+#     SOAK_SEED, SOAK_PEER below)
+#   replay8: session 8's soak replayed against the fixed plugin, beside soakawq
+#   replaysoak: a committed soak record (SOAK_RECORD) replayed against plain vLLM alone
+#   hostile: issue 37's hostile request (bench/gpu/hostile.py) against turingbox serve on startup's seeded entry
+#   fibaked: issue 20, beside soak64
+#   startup: issue 18's A/B, bench/startup.sh; STARTUP_STEPS names its steps
+#   plmem: prompt_logprobs memory on startup's caches
+#   startupx: turingbox warm under py-spy; STARTUP_NOACTIVE=1 adds one without the active warmup, STARTUP_SPAWN=1 a
+#     spawned one
 # Two lanes at once (one GPU each): LANE=a bash session.sh ... & LANE=b bash session.sh ... ; each lane touches
-# /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both); LANE_GPU picks the lane's GPU.  Results go to /tmp/results (tests/gpu/poll.sh packs them).
+# /tmp/session/$LANE.done at its end (poll.sh 500 a,b waits for both); LANE_GPU picks the lane's GPU.  Results go to /tmp/results (bench/gpu/poll.sh packs them).
 set -u
 mkdir -p /tmp/session
 # Markers left by an earlier session on this (still warm) machine would end poll.sh's wait at once.
@@ -20,14 +36,14 @@ rm -f "/tmp/session/${LANE:-all}.done" /tmp/session/all.done
 # The lane's marker is written however this script ends (a failed bootstrap included), so poll.sh never
 # waits out its whole limit for a lane that is gone.
 trap 'touch "/tmp/session/${LANE:-all}.done"' EXIT
-source tests/gpu/bootstrap.sh
+source bench/gpu/bootstrap.sh
 set +e   # a failing phase is logged with its rc; the next phase still runs
 R=/tmp/results; mkdir -p $R
 ngpu=$(nvidia-smi -L | wc -l)
 pair=$([ "$ngpu" -ge 2 ] && echo 0,1 || echo 0,0)
 other=$([ "$ngpu" -ge 2 ] && echo 1 || echo 0)
 one=${LANE_GPU:-$other}     # the GPU of the one-GPU phases (gdn, gdnbench, tools, greedy, clients) in this lane
-# Traffic soak (issue 15; soakseed, soak64, soakawq): tests/gpu/soak.py's knobs, read by the --after hooks too.
+# Traffic soak (issue 15; soakseed, soak64, soakawq): bench/gpu/soak.py's knobs, read by the --after hooks too.
 # SOAK_PEER names the phase of the other lane sharing this GPU (soak_gate.sh: starts and stops take turns).
 # SOAK_WORKERS: client loops drawing groups (more offer more load; the semaphore keeps 32 in flight at most);
 # REPLAY_ARGS: soak.py --replay's sample size and concurrency against plain vLLM.
@@ -38,7 +54,7 @@ export SOAK_S=${SOAK_S:-600} SOAK_MIN_REQ=${SOAK_MIN_REQ:-2000} SOAK_MAX_S=${SOA
   SOAK_GATE_S=${SOAK_GATE_S:-900} SOAK_PEER=${SOAK_PEER:-} SOAK_WORKERS=${SOAK_WORKERS:-3} \
   REPLAY_ARGS=${REPLAY_ARGS:-"--sample 200 --replay-concurrency 4"}
 soak_args='--seed $SOAK_SEED --duration $SOAK_S --min-requests $SOAK_MIN_REQ --max-duration $SOAK_MAX_S --workers $SOAK_WORKERS --out $OUT'
-soak_gate() { [ -z "$SOAK_PEER" ] || echo "bash tests/gpu/soak_gate.sh $SOAK_PEER $1 $SOAK_GATE_S >> \$OUT/soak-gates.txt 2>&1"; }
+soak_gate() { [ -z "$SOAK_PEER" ] || echo "bash bench/gpu/soak_gate.sh $SOAK_PEER $1 $SOAK_GATE_S >> \$OUT/soak-gates.txt 2>&1"; }
 # After each soak: the GPU memory each process holds (gpu-memory-TAG.txt), against the plan's budget (session 10: an
 # engine 7.6 GiB over its budget after a prompt_logprobs request, fixed since in the plugin).
 gpu_memory() { echo "nvidia-smi --query-compute-apps=pid,used_memory --format=csv > \$OUT/gpu-memory-$1.txt 2>&1"; }
@@ -60,48 +76,48 @@ for phase in "$@"; do
   case $phase in
     smoke)    # 4 layers, eager: the plugin worker, strict warmup, status files, active warmup and sidecar in ~1.5 min
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
-              timeout 400 python3 tests/gpu/side_by_side.py --model /tmp/demo4 --phase smoke --gpus 0,0 --skip-plain \
+              timeout 400 python3 bench/gpu/side_by_side.py --model /tmp/demo4 --phase smoke --gpus 0,0 --skip-plain \
                 --cache /tmp/tbcache-smoke --out $R --ready-limit 300 --extra=--enforce-eager ;;
-    gdn)      CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 600 python3 tests/gpu/gdn_correctness.py > $R/gdn_correctness.txt 2>&1 ;;
-    gdnbench) CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 400 python3 tests/gpu/gdn_bench.py > $R/gdn_bench.txt 2>&1 ;;
-    cold)     timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase cold --gpus $pair \
+    gdn)      CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 600 python3 bench/gpu/gdn_correctness.py > $R/gdn_correctness.txt 2>&1 ;;
+    gdnbench) CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 400 python3 bench/gpu/gdn_bench.py > $R/gdn_bench.txt 2>&1 ;;
+    cold)     timeout 900 python3 bench/gpu/side_by_side.py --model /tmp/demo --phase cold --gpus $pair \
                 --cache /tmp/tbcache --out $R ;;
     seeded)   # the cold run's caches copied to fresh paths: what a new volume seeded elsewhere looks like
               rm -rf /tmp/tbcache-seeded /tmp/tbcache-seeded-plain
               cp -a /tmp/tbcache /tmp/tbcache-seeded; cp -a /tmp/tbcache-plain /tmp/tbcache-seeded-plain
-              timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase seeded --gpus $pair \
+              timeout 900 python3 bench/gpu/side_by_side.py --model /tmp/demo --phase seeded --gpus $pair \
                 --cache /tmp/tbcache-seeded --out $R --bench ;;
-    warm)     timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase warm --gpus $pair \
+    warm)     timeout 900 python3 bench/gpu/side_by_side.py --model /tmp/demo --phase warm --gpus $pair \
                 --cache /tmp/tbcache-seeded --out $R ;;
-    aot)      OUT=$R timeout 300 python3 tests/gpu/cache_aot_check.py > $R/cache_aot_check.txt 2>&1 ;;
-    tp2)      timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp2 --gpus 0,0 --skip-plain \
+    aot)      OUT=$R timeout 300 python3 bench/gpu/cache_aot_check.py > $R/cache_aot_check.txt 2>&1 ;;
+    tp2)      timeout 900 python3 bench/gpu/side_by_side.py --model /tmp/demo --phase tp2 --gpus 0,0 --skip-plain \
                 --cache /tmp/tbcache-tp2 --out $R --extra="--tensor-parallel-size 2" ;;
     tp2cold)  # empty caches; then, while it serves: the openai client, `vllm bench serve` and the interleaved proxy latency
-              timeout 1200 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp2cold --gpus 0,0 --skip-plain \
+              timeout 1200 python3 bench/gpu/side_by_side.py --model /tmp/demo --phase tp2cold --gpus 0,0 --skip-plain \
                 --cache /tmp/tbc2 --out $R --ready-limit 900 --env CUDA_VISIBLE_DEVICES=0,1 \
-                --after='python3 tests/gpu/real_clients.py > $OUT/real_clients.txt 2>&1; python3 tests/reliability/latency_bench.py --direct-port $DIRECT_PORT --proxy-port $PROXY_PORT --model $MODEL --requests 100 --json $OUT/proxy-latency.json > $OUT/proxy-latency.txt 2>&1' ;;
+                --after='python3 bench/gpu/real_clients.py > $OUT/real_clients.txt 2>&1; python3 tests/reliability/latency_bench.py --direct-port $DIRECT_PORT --proxy-port $PROXY_PORT --model $MODEL --requests 100 --json $OUT/proxy-latency.json > $OUT/proxy-latency.txt 2>&1' ;;
     tp2seeded) # a fresh copy of the cold run's cache volume: what a volume seeded elsewhere looks like
               rm -rf /tmp/tbc2-seeded; cp -a /tmp/tbc2 /tmp/tbc2-seeded
-              timeout 600 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp2seeded --gpus 0,0 --skip-plain \
+              timeout 600 python3 bench/gpu/side_by_side.py --model /tmp/demo --phase tp2seeded --gpus 0,0 --skip-plain \
                 --cache /tmp/tbc2-seeded --out $R --env CUDA_VISIBLE_DEVICES=0,1 --no-decode ;;
     tp2warm)  # all warm: the cold run's own volume, third start of this plan
-              timeout 600 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp2warm --gpus 0,0 --skip-plain \
+              timeout 600 python3 bench/gpu/side_by_side.py --model /tmp/demo --phase tp2warm --gpus 0,0 --skip-plain \
                 --cache /tmp/tbc2 --out $R --env CUDA_VISIBLE_DEVICES=0,1 --no-decode ;;
     tp2baked) # the entry laid out as `make bake` puts it in an image (read-only, 0444/0555) and an empty volume
               rm -rf /tmp/baked /tmp/tbc2-frombaked; mkdir -p /tmp/baked/entries /tmp/tbc2-frombaked
               key=$(ls /tmp/tbc2/entries | head -1); cp -a /tmp/tbc2/entries/$key /tmp/baked/entries/$key
               find /tmp/baked -type f -exec chmod 0444 {} +; find /tmp/baked -type d -exec chmod 0555 {} +
-              timeout 600 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp2baked --gpus 0,0 --skip-plain \
+              timeout 600 python3 bench/gpu/side_by_side.py --model /tmp/demo --phase tp2baked --gpus 0,0 --skip-plain \
                 --cache /tmp/tbc2-frombaked --out $R --env CUDA_VISIBLE_DEVICES=0,1 --env TURINGBOX_BAKED_CACHE_DIR=/tmp/baked \
                 --no-decode ;;
     tp4cold)  # issue 7 (nvidia-h200-x4): TP=4 with the sm_75 MTP rule forced (TURINGBOX_MTP=4), empty caches, benches
-              timeout 1500 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp4cold --gpus 0,0 --skip-plain \
+              timeout 1500 python3 bench/gpu/side_by_side.py --model /tmp/demo --phase tp4cold --gpus 0,0 --skip-plain \
                 --cache /tmp/tbc4 --out $R --ready-limit 1200 --env CUDA_VISIBLE_DEVICES=0,1,2,3 --env TURINGBOX_MTP=4 --bench ;;
     tp4seeded) rm -rf /tmp/tbc4-seeded; cp -a /tmp/tbc4 /tmp/tbc4-seeded
-              timeout 600 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp4seeded --gpus 0,0 --skip-plain \
+              timeout 600 python3 bench/gpu/side_by_side.py --model /tmp/demo --phase tp4seeded --gpus 0,0 --skip-plain \
                 --cache /tmp/tbc4-seeded --out $R --env CUDA_VISIBLE_DEVICES=0,1,2,3 --env TURINGBOX_MTP=4 --no-decode ;;
     tp4mtp3)  # the same TP=4 plan at MTP=3 (another cache key: MTP depth is in the fingerprint), benches for 3 vs 4
-              timeout 1500 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase tp4mtp3 --gpus 0,0 --skip-plain \
+              timeout 1500 python3 bench/gpu/side_by_side.py --model /tmp/demo --phase tp4mtp3 --gpus 0,0 --skip-plain \
                 --cache /tmp/tbc4 --out $R --ready-limit 1200 --env CUDA_VISIBLE_DEVICES=0,1,2,3 --env TURINGBOX_MTP=3 --bench ;;
     seedonly) # issue 5's seeding path: `turingbox warmup --seed-only` fills an entry in its own process and stops; the
               # clients phase then starts from a fresh copy of it
@@ -116,17 +132,17 @@ for phase in "$@"; do
     clients)  # the openai client (tool calls: structured output, then the JIT counters) and the interleaved proxy latency,
               # on the 4-layer demo with CUDA graphs like the appliance
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
-              timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo4 --phase clients --gpus $one,$one --skip-plain \
+              timeout 900 python3 bench/gpu/side_by_side.py --model /tmp/demo4 --phase clients --gpus $one,$one --skip-plain \
                 --cache /tmp/tbcache-clients --out $R --no-decode --bench --ready-limit 800 \
-                --after='SKIP_BENCH_SERVE=1 REAL_CLIENTS_JSON=real_clients-demo4.json python3 tests/gpu/real_clients.py > $OUT/real_clients-demo4.txt 2>&1; python3 tests/reliability/latency_bench.py --direct-port $DIRECT_PORT --proxy-port $PROXY_PORT --model $MODEL --requests 100 --json $OUT/proxy-latency.json > $OUT/proxy-latency.txt 2>&1' ;;
+                --after='SKIP_BENCH_SERVE=1 REAL_CLIENTS_JSON=real_clients-demo4.json python3 bench/gpu/real_clients.py > $OUT/real_clients-demo4.txt 2>&1; python3 tests/reliability/latency_bench.py --direct-port $DIRECT_PORT --proxy-port $PROXY_PORT --model $MODEL --requests 100 --json $OUT/proxy-latency.json > $OUT/proxy-latency.txt 2>&1' ;;
     turbo)    # issue 6 end to end: the same 4-layer demo with the turbo GDN path forced (vs clients' vLLM kernels, both
               # --bench); other ports, so that it may run while the other lane serves
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
-              timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo4 --phase turbo --gpus $one,$one --skip-plain \
+              timeout 900 python3 bench/gpu/side_by_side.py --model /tmp/demo4 --phase turbo --gpus $one,$one --skip-plain \
                 --cache /tmp/tbcache-turbo --out $R --bench --ready-limit 800 --port-offset 10 --env TURINGBOX_GDN=turbo ;;
     turbo-ref) # turbo's reference: the same plan with vLLM's own GDN kernels, started cold at the same time
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
-              timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/demo4 --phase turbo-ref --gpus $one,$one --skip-plain \
+              timeout 900 python3 bench/gpu/side_by_side.py --model /tmp/demo4 --phase turbo-ref --gpus $one,$one --skip-plain \
                 --cache /tmp/tbcache-turboref --out $R --bench --ready-limit 800 --port-offset 20 --env TURINGBOX_GDN=vllm ;;
     tools)    # the plugin's own tools on a GPU: doctor, verify (kernels vs references), check-model
               for t in "doctor /tmp/demo" "verify --json" "check-model /tmp/demo"; do
@@ -138,30 +154,30 @@ for phase in "$@"; do
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
               modes=$([ $phase = greedy ] && echo "vllm turbo" || echo "${phase#greedy-}")
               for m in $modes; do
-                CUDA_VISIBLE_DEVICES=$one timeout $([ $m = vllm ] && echo 600 || echo 450) python3 tests/gpu/gdn_e2e_greedy.py \
+                CUDA_VISIBLE_DEVICES=$one timeout $([ $m = vllm ] && echo 600 || echo 450) python3 bench/gpu/gdn_e2e_greedy.py \
                   run --mode $m --model /tmp/demo4 --out $R/greedy-$m.json > $R/greedy-$m.log 2>&1
                 echo "greedy $m exit $?" >> $R/greedy-$m.log
               done
-              [ $phase = greedy ] && python3 tests/gpu/gdn_e2e_greedy.py compare $R/greedy-vllm.json $R/greedy-turbo.json \
+              [ $phase = greedy ] && python3 bench/gpu/gdn_e2e_greedy.py compare $R/greedy-vllm.json $R/greedy-turbo.json \
                 --json $R/greedy-compare.json > $R/greedy-compare.txt 2>&1 ;;
     greedy-compare)
-              python3 tests/gpu/gdn_e2e_greedy.py compare $R/greedy-vllm.json $R/greedy-turbo.json \
+              python3 bench/gpu/gdn_e2e_greedy.py compare $R/greedy-vllm.json $R/greedy-turbo.json \
                 --json $R/greedy-compare.json > $R/greedy-compare.txt 2>&1 ;;
-    bisect)   # issue 15: which soak request killed vLLM's engine (tests/gpu/crash_bisect.py): plain vLLM (BISECT_MODE=
+    bisect)   # issue 15: which soak request killed vLLM's engine (bench/gpu/crash_bisect.py): plain vLLM (BISECT_MODE=
               # turingbox: turingbox serve) with the plan's argv on the 4-layer demo at 0.25 of the GPU; its restarts
               # wait for the soakseed lane's KV sizing (one GPU: vLLM's memory profile is device-wide)
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
               CUDA_VISIBLE_DEVICES=$one TURINGBOX_GPU_MEMORY_UTILIZATION=0.25 TURINGBOX_MAX_NUM_SEQS=16 \
                 TURINGBOX_MAX_MODEL_LEN=262144 python3 -m turingbox plan --model /tmp/demo4 --json > $R/plan-bisect.json
               CUDA_VISIBLE_DEVICES=$one TURINGBOX_GPU_MEMORY_UTILIZATION=0.25 TURINGBOX_MAX_NUM_SEQS=16 \
-                TURINGBOX_MAX_MODEL_LEN=262144 OUT=$R timeout 1500 python3 tests/gpu/crash_bisect.py \
-                --plan $R/plan-bisect.json --candidates ${BISECT_CANDIDATES:-tests/gpu/crash_candidates.json} \
+                TURINGBOX_MAX_MODEL_LEN=262144 OUT=$R timeout 1500 python3 bench/gpu/crash_bisect.py \
+                --plan $R/plan-bisect.json --candidates ${BISECT_CANDIDATES:-bench/gpu/crash_candidates.json} \
                 --mode ${BISECT_MODE:-plain} --gate-log $R/warmup-soakseed.log --gate-done /tmp/session/soakseed.done \
                 --serving-marker /tmp/session/bisect.serving > $R/crash-bisect-${BISECT_MODE:-plain}.txt 2>&1 ;;
     soakseed) # issue 15: the 64-layer demo's entry at the soak's memory share, filled cold by `warmup --seed-only`
               [ -d /tmp/demo ] || python3 -m turingbox demo-model /tmp/demo
               # SEED_AFTER=bisect: start only once the other lane's server has sized its KV cache
-              [ -z "${SEED_AFTER:-}" ] || bash tests/gpu/soak_gate.sh $SEED_AFTER serving 600 >> $R/soak-gates.txt 2>&1
+              [ -z "${SEED_AFTER:-}" ] || bash bench/gpu/soak_gate.sh $SEED_AFTER serving 600 >> $R/soak-gates.txt 2>&1
               rm -rf /tmp/tbsoak
               env CUDA_VISIBLE_DEVICES=$one ${SOAK_UTIL:+TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} timeout 900 \
                 python3 -m turingbox warmup --seed-only --model /tmp/demo --cache-dir /tmp/tbsoak > $R/warmup-soakseed.log 2>&1
@@ -170,10 +186,10 @@ for phase in "$@"; do
     soak64)   # issue 15: turingbox from a fresh copy of soakseed's entry: first request vs next ten (side_by_side),
               # the traffic soak, then plain `vllm serve` with the plan's argv (minus worker/plugin), on a copy of
               # the same entry's caches, and the soak's 4xx + 200 others replayed against it
-              # SOAK_HOSTILE=1: issue 37's hostile request first, on the same server (saves a start: tests/gpu/hostile.py);
+              # SOAK_HOSTILE=1: issue 37's hostile request first, on the same server (saves a start: bench/gpu/hostile.py);
               # SOAK_PLAIN=0: no plain vLLM here (its replay in a later session: replaysoak, from the committed record)
-              soak_hostile=""; [ "${SOAK_HOSTILE:-0}" = 1 ] && soak_hostile="timeout 300 python3 tests/gpu/hostile.py --url http://127.0.0.1:\$PROXY_PORT --out \$OUT/hostile-soak64.json > \$OUT/hostile-soak64.txt 2>&1; "
-              soak_after=(--after='touch /tmp/session/soak64.plain-serving; python3 tests/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:$PLAIN_PORT $REPLAY_ARGS --out $OUT > $OUT/replay-soak64.txt 2>&1')
+              soak_hostile=""; [ "${SOAK_HOSTILE:-0}" = 1 ] && soak_hostile="timeout 300 python3 bench/gpu/hostile.py --url http://127.0.0.1:\$PROXY_PORT --out \$OUT/hostile-soak64.json > \$OUT/hostile-soak64.txt 2>&1; "
+              soak_after=(--after='touch /tmp/session/soak64.plain-serving; python3 bench/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:$PLAIN_PORT $REPLAY_ARGS --out $OUT > $OUT/replay-soak64.txt 2>&1')
               [ "${SOAK_PLAIN:-1}" = 0 ] && soak_after=(--skip-plain)
               # SOAK_CACHES=empty: no soakseed before it; turingbox serves from empty caches (a cold start, its strict
               # warmup compiling everything): the soak when the session's device time cannot also hold the seed
@@ -182,14 +198,14 @@ for phase in "$@"; do
               else cp -a /tmp/tbsoak /tmp/tbsoak-seeded; echo "soak64: a copy of soakseed's entry" > $R/soak64-caches.txt; fi
               key=$(ls /tmp/tbsoak/entries 2>/dev/null | head -1)
               if [ -n "$key" ]; then cp -a /tmp/tbsoak/entries/$key /tmp/tbsoak-plain; else mkdir -p /tmp/tbsoak-plain; fi
-              timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo --phase soak64 --gpus $one,$one \
+              timeout $soak_limit python3 bench/gpu/side_by_side.py --model /tmp/demo --phase soak64 --gpus $one,$one \
                 --cache /tmp/tbsoak-seeded --plain-cache /tmp/tbsoak-plain --out $R --no-decode --ready-limit 900 \
                 ${SOAK_UTIL:+--env TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} "${soak_after[@]}" \
                 --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
                 ${IMPORT_PROFILE:+--env PYTHONPROFILEIMPORTTIME=1 --plain-env PYTHONPROFILEIMPORTTIME=1} \
-                --tb-after="touch /tmp/session/soak64.serving; ${soak_hostile}python3 -m turingbox bench decode --url http://127.0.0.1:\$PROXY_PORT --repeats 3 --max-tokens 256 --json --output \$OUT/bench-decode-soak64.json > \$OUT/bench-decode-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-before.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-before.txt; (for i in 1 2 3 4 5; do sleep 110; curl -s -m 20 http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-mid\$i.txt; done) > /dev/null 2>&1 & python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; $(gpu_memory soak64); curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-after.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-after.txt; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)" \
+                --tb-after="touch /tmp/session/soak64.serving; ${soak_hostile}python3 -m turingbox bench decode --url http://127.0.0.1:\$PROXY_PORT --repeats 3 --max-tokens 256 --json --output \$OUT/bench-decode-soak64.json > \$OUT/bench-decode-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-before.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-before.txt; (for i in 1 2 3 4 5; do sleep 110; curl -s -m 20 http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-mid\$i.txt; done) > /dev/null 2>&1 & python3 bench/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; $(gpu_memory soak64); curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-after.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-after.txt; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)" \
               touch /tmp/session/soak64.plain-serving
-              python3 tests/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
+              python3 bench/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
                 > $R/verdict-soak64.txt 2>&1 ;;
     replaysoak) # issue 37: a committed soak record (SOAK_RECORD=docs/data/...: soak-soak64.jsonl.gz) replayed against
               # plain `vllm serve` alone, started on empty caches with the plan's argv (minus worker/plugin) at the soak's
@@ -198,10 +214,10 @@ for phase in "$@"; do
               cp "$SOAK_RECORD/soak-soak64.json" /tmp/replaysoak/ 2>/dev/null
               [ -d /tmp/demo ] || python3 -m turingbox demo-model /tmp/demo
               rm -rf /tmp/tbreplay-plain
-              timeout 1500 python3 tests/gpu/side_by_side.py --model /tmp/demo --phase replaysoak --gpus $one,$one \
+              timeout 1500 python3 bench/gpu/side_by_side.py --model /tmp/demo --phase replaysoak --gpus $one,$one \
                 --skip-turingbox --plain-cache /tmp/tbreplay-plain --out $R --no-decode --ready-limit 900 \
                 ${SOAK_UTIL:+--env TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} --after-timeout 600 \
-                --after="python3 tests/gpu/soak.py --replay /tmp/replaysoak/soak-soak64.jsonl --url http://127.0.0.1:\$PLAIN_PORT $REPLAY_ARGS --tag replaysoak --out \$OUT > \$OUT/replay-replaysoak.txt 2>&1" ;;
+                --after="python3 bench/gpu/soak.py --replay /tmp/replaysoak/soak-soak64.jsonl --url http://127.0.0.1:\$PLAIN_PORT $REPLAY_ARGS --tag replaysoak --out \$OUT > \$OUT/replay-replaysoak.txt 2>&1" ;;
     hostile)  # issue 37: turingbox serve again on the A/B's seeded entry (after the startup phase), then one hostile request
               # (n=1000, no max_tokens) among 4 streaming clients: refused with 400, their TTFT within 1.2x unloaded
               rm -rf /tmp/tb-hostile-home /tmp/tb-hostile-rt; mkdir -p /tmp/tb-hostile-home
@@ -209,12 +225,12 @@ for phase in "$@"; do
                 TURINGBOX_RUNTIME_DIR=/tmp/tb-hostile-rt TURINGBOX_MODEL=/tmp/demo TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos \
                 setsid python3 -m turingbox serve --host 127.0.0.1 --port 8090 > $R/hostile-serve.log 2>&1 & echo $! > /tmp/hostile.pid)
               for _ in $(seq 1 150); do curl -sf -o /dev/null http://127.0.0.1:8090/health/ready && break; sleep 2; done
-              timeout 300 python3 tests/gpu/hostile.py --url http://127.0.0.1:8090 --out $R/hostile.json > $R/hostile.txt 2>&1
+              timeout 300 python3 bench/gpu/hostile.py --url http://127.0.0.1:8090 --out $R/hostile.json > $R/hostile.txt 2>&1
               kill -TERM "$(cat /tmp/hostile.pid)"; for _ in $(seq 1 30); do kill -0 "$(cat /tmp/hostile.pid)" 2>/dev/null || break; sleep 1; done ;;
     startup)  # issue 18's A/B (bench/startup.sh), one server at a time on one GPU: STARTUP_STEPS lists its steps as
               # "phase|flags" separated by ';'. The default is the whole A/B in one go (~18 min: plain vLLM's empty start fills
               # its caches, turingbox's seed its entry, then both seeded); session 15 ran it in calls of under 10 minutes
-              # each (tests/gpu/README.md): "seed|", then "seeded|--only turingbox;empty|--only plain", then "seeded|--only
+              # each (bench/gpu/README.md): "seed|", then "seeded|--only turingbox;empty|--only plain", then "seeded|--only
               # plain". The caches stay in /tmp/turingbox-bench between calls; a report ends each. BENCH_MODEL picks another
               # model (made with BENCH_LAYERS layers when missing). Results: $R/startup
               build_modelinfos_once
@@ -229,7 +245,7 @@ for phase in "$@"; do
                 echo "== $f"; cat "$f"; done > $R/startup/cache-key-factors.txt 2>&1 ;;
     startupx) # after startup, on its caches: turingbox warm with a spawned engine core (fork's own share), then warm
               # under py-spy (where each second of a seeded start goes, per process; the wheel is staged in
-              # .device-wheels/extra, tests/gpu/README.md), then warm without the active warmup, ~250 s.
+              # .device-wheels/extra, bench/gpu/README.md), then warm without the active warmup, ~250 s.
               # Results: $R/startup, $R/startup/pyspy-warm.txt.gz
               # fork's share was read from session 11's seed (spawned) start; the control start costs ~90 s of device time
               [ -n "${STARTUP_SPAWN:-}" ] && startup_step warm "--only turingbox --label spawn --tb-env VLLM_WORKER_MULTIPROC_METHOD=spawn"
@@ -247,27 +263,27 @@ for phase in "$@"; do
     plmem)    # after startup, on its seeded turingbox caches (a warm start, same argv): one prompt_logprobs request of
               # ~8,000 tokens and the GPU's used memory before and after (session 10: the AWQ engine held 7.6 GiB over
               # its budget; the plugin slices prompt logprobs since). Result: $R/prompt-logprobs-memory.json
-              timeout 400 python3 tests/gpu/side_by_side.py --model ${BENCH_MODEL:-/tmp/demo} --phase plmem --gpus $one,$one \
+              timeout 400 python3 bench/gpu/side_by_side.py --model ${BENCH_MODEL:-/tmp/demo} --phase plmem --gpus $one,$one \
                 --skip-plain --cache /tmp/turingbox-bench/tb-seeded-root --out $R --no-decode --ready-limit 300 \
                 --after-timeout 120 \
-                --after="curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-plmem.txt; python3 tests/gpu/prompt_logprobs_memory.py --url http://127.0.0.1:\$PROXY_PORT --gpu $one --json \$OUT/prompt-logprobs-memory.json > \$OUT/prompt-logprobs-memory.txt 2>&1" ;;
+                --after="curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-plmem.txt; python3 bench/gpu/prompt_logprobs_memory.py --url http://127.0.0.1:\$PROXY_PORT --gpu $one --json \$OUT/prompt-logprobs-memory.json > \$OUT/prompt-logprobs-memory.txt 2>&1" ;;
     soakawq)  # issue 15: the AWQ demo, cold, at AWQ_UTIL (0.33: beside soak64) of the GPU on other ports: first request
               # check, the same soak
               [ -d /tmp/demo-awq ] || python3 -m turingbox demo-model /tmp/demo-awq --awq
               # Starts take turns (soak_gate.sh): session 8 started this one once soakseed had sized its KV cache, and
               # its memory profile counted soak64's 77 GiB, loaded meanwhile, as its own (KV -71.5 GiB): don't.
-              [ -z "$SOAK_PEER" ] || bash tests/gpu/soak_gate.sh $SOAK_PEER serving $SOAK_GATE_S >> $R/soak-gates.txt 2>&1
+              [ -z "$SOAK_PEER" ] || bash bench/gpu/soak_gate.sh $SOAK_PEER serving $SOAK_GATE_S >> $R/soak-gates.txt 2>&1
               rm -rf /tmp/tbsoak-awq
               # the image's model infos (Dockerfile: turingbox_warmup.image.modelinfos), which a new entry starts with: vLLM
               # then skips its two model-class inspections (session 9's cold AWQ start: 66 s before the engine)
               build_modelinfos_once
-              timeout $soak_limit python3 tests/gpu/side_by_side.py --model /tmp/demo-awq --phase soakawq --gpus $one,$one \
+              timeout $soak_limit python3 bench/gpu/side_by_side.py --model /tmp/demo-awq --phase soakawq --gpus $one,$one \
                 --skip-plain --cache /tmp/tbsoak-awq --out $R --no-decode --ready-limit 900 --port-offset 30 \
                 --env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos \
                 --env TURINGBOX_GPU_MEMORY_UTILIZATION=${AWQ_UTIL:-0.33} --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
-                --after="touch /tmp/session/soakawq.serving; python3 tests/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soakawq > \$OUT/soak-soakawq.txt 2>&1; $(gpu_memory soakawq); python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soakawq.json > \$OUT/jit-report-soakawq.txt 2>&1; $(soak_gate plain-serving)"
+                --after="touch /tmp/session/soakawq.serving; python3 bench/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soakawq > \$OUT/soak-soakawq.txt 2>&1; $(gpu_memory soakawq); python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soakawq.json > \$OUT/jit-report-soakawq.txt 2>&1; $(soak_gate plain-serving)"
               touch /tmp/session/soakawq.serving
-              python3 tests/gpu/soak.py --verdict --tag soakawq --out $R --log turingbox-soakawq.log > $R/verdict-soakawq.txt 2>&1 ;;
+              python3 bench/gpu/soak.py --verdict --tag soakawq --out $R --log turingbox-soakawq.log > $R/verdict-soakawq.txt 2>&1 ;;
     replay8)  # issue 15 beside soakawq: session 8's soak records replayed against turingbox with the fixes since
               # (4-layer demo served as "demo", eager, session 8's max_model_len and max_num_seqs), compared by id with
               # plain vLLM's answers recorded in session 8 (soak.py --against); started once SOAK_PEER serves (session 9: its
@@ -276,19 +292,19 @@ for phase in "$@"; do
               zcat $D8/soak-soak64.jsonl.gz > /tmp/s8/soak-soak64.jsonl; cp $D8/soak-soak64.json /tmp/s8/
               zcat $D8/replay-soak64.jsonl.gz > /tmp/s8/replay-plain-soak64.jsonl
               [ -d /tmp/r8/demo ] || python3 -m turingbox demo-model /tmp/r8/demo --layers 4
-              [ -z "$SOAK_PEER" ] || bash tests/gpu/soak_gate.sh $SOAK_PEER serving $SOAK_GATE_S >> $R/soak-gates.txt 2>&1
-              timeout 900 python3 tests/gpu/side_by_side.py --model /tmp/r8/demo --phase replay8 --gpus $one,$one \
+              [ -z "$SOAK_PEER" ] || bash bench/gpu/soak_gate.sh $SOAK_PEER serving $SOAK_GATE_S >> $R/soak-gates.txt 2>&1
+              timeout 900 python3 bench/gpu/side_by_side.py --model /tmp/r8/demo --phase replay8 --gpus $one,$one \
                 --skip-plain --cache /tmp/tbcache-replay8 --out $R --no-decode --ready-limit 600 --port-offset 60 \
                 --extra=--enforce-eager --env TURINGBOX_GPU_MEMORY_UTILIZATION=0.3 --env TURINGBOX_MAX_MODEL_LEN=19200 \
                 --env TURINGBOX_MAX_NUM_SEQS=16 --after-timeout 400 \
-                --after="python3 tests/gpu/soak.py --replay /tmp/s8/soak-soak64.jsonl --url http://127.0.0.1:\$PROXY_PORT --replay-concurrency 8 --tag s8-fixed --against /tmp/s8/replay-plain-soak64.jsonl --out \$OUT > \$OUT/replay-s8-fixed.txt 2>&1" ;;
+                --after="python3 bench/gpu/soak.py --replay /tmp/s8/soak-soak64.jsonl --url http://127.0.0.1:\$PROXY_PORT --replay-concurrency 8 --tag s8-fixed --against /tmp/s8/replay-plain-soak64.jsonl --out \$OUT > \$OUT/replay-s8-fixed.txt 2>&1" ;;
     fibaked)  # issue 20 beside the 64-layer soak: FlashInfer's sm_90 modules baked vs JIT-built (4-layer demo, FLASHINFER,
               # bf16) at 0.3 of the GPU, started once soak64's server has sized its KV cache (one GPU: starts take turns);
               # lane a's soak64 waits for this phase's end before it stops (SOAK_PEER=fibaked)
-              bash tests/gpu/soak_gate.sh soak64 serving ${FIBAKED_GATE_S:-1500} >> $R/soak-gates.txt 2>&1
+              bash bench/gpu/soak_gate.sh soak64 serving ${FIBAKED_GATE_S:-1500} >> $R/soak-gates.txt 2>&1
               mkdir -p $R/fibaked
               TURINGBOX_GPU_MEMORY_UTILIZATION=${FIBAKED_UTIL:-0.3} OUT=$R/fibaked timeout 1500 \
-                bash tests/gpu/flashinfer_baked_check.sh > $R/fibaked/flashinfer_baked_check.txt 2>&1 ;;
+                bash bench/gpu/flashinfer_baked_check.sh > $R/fibaked/flashinfer_baked_check.txt 2>&1 ;;
     *)        echo "unknown phase $phase" ;;
   esac
   echo "=== $phase done rc=$? in $(( $(date +%s) - t0 )) s"

@@ -3,9 +3,9 @@
 
 One process per mode (the layer substitution is process-wide), same weights, same prompts:
 
-    python3 tests/gpu/gdn_e2e_greedy.py run --mode vllm  --model /tmp/demo4 --out $OUT/greedy-vllm.json
-    python3 tests/gpu/gdn_e2e_greedy.py run --mode turbo --model /tmp/demo4 --out $OUT/greedy-turbo.json
-    python3 tests/gpu/gdn_e2e_greedy.py compare $OUT/greedy-vllm.json $OUT/greedy-turbo.json
+    python3 bench/gpu/gdn_e2e_greedy.py run --mode vllm  --model /tmp/demo4 --out $OUT/greedy-vllm.json
+    python3 bench/gpu/gdn_e2e_greedy.py run --mode turbo --model /tmp/demo4 --out $OUT/greedy-turbo.json
+    python3 bench/gpu/gdn_e2e_greedy.py compare $OUT/greedy-vllm.json $OUT/greedy-turbo.json
 
 The demo model loads with dummy weights, which vLLM draws from U(-1e-3, 1e-3): logits then sit so close
 together that argmax is decided by rounding noise. So after loading, every parameter of the target model

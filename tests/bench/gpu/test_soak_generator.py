@@ -1,4 +1,4 @@
-"""The traffic soak (tests/gpu/soak.py, issue 15) on the CPU: its generator is deterministic for a seed and
+"""The traffic soak (bench/gpu/soak.py, issue 15) on the CPU: its generator is deterministic for a seed and
 covers the parameter families and every field of vLLM 0.21's request classes (read from vLLM's own source,
 issue 37), and a short soak through the real sidecar in front of the fake vLLM writes the JSONL, summary and
 PNG; its replay mode compares statuses against another server."""
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GPU = os.path.join(REPO, "tests", "gpu")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+GPU = os.path.join(REPO, "bench", "gpu")
 sys.path.insert(0, GPU)
 sys.path.insert(0, os.path.join(REPO, "tests", "support"))
 import soak_gen as G  # noqa: E402
