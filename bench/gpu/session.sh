@@ -22,6 +22,9 @@
 #   replaysoak: a committed soak record (SOAK_RECORD) replayed against plain vLLM alone
 #   hostile: issue 37's hostile request (bench/gpu/hostile.py) against turingbox serve on startup's seeded entry
 #   fibaked: issue 20, beside soak64
+#   ckptwrite, ckptload: issue 35's real-size checkpoint (bench/checkpoint_load.py): the AWQ demo's shards written
+#     (ckptwrite, may run beside a phase whose seconds are not measured), then the disk's read speed and vLLM's load
+#     formats against it (ckptload, CKPT_FORMATS; alone on the machine)
 #   startup: issue 18's A/B, bench/startup.sh; STARTUP_STEPS names its steps
 #   plmem: prompt_logprobs memory on startup's caches
 #   startupx: turingbox warm under py-spy; STARTUP_NOACTIVE=1 adds one without the active warmup, STARTUP_SPAWN=1 a
@@ -305,6 +308,21 @@ for phase in "$@"; do
               mkdir -p $R/fibaked
               TURINGBOX_GPU_MEMORY_UTILIZATION=${FIBAKED_UTIL:-0.3} OUT=$R/fibaked timeout 1500 \
                 bash bench/gpu/flashinfer_baked_check.sh > $R/fibaked/flashinfer_baked_check.txt 2>&1 ;;
+    ckptwrite) # issue 35 item 3: the 64-layer AWQ demo's real-size checkpoint (~19.5 GB) with random values, in /tmp/ckpt-awq
+              [ -d /tmp/ckpt-awq ] || python3 -m turingbox demo-model /tmp/ckpt-awq --awq > $R/ckpt-demo-model.txt 2>&1
+              mkdir -p $R/ckpt
+              python3 bench/checkpoint_load.py tensors /tmp/ckpt-awq --check-vllm > $R/ckpt/tensors.txt 2>&1
+              timeout 900 python3 bench/checkpoint_load.py write /tmp/ckpt-awq > $R/ckpt/write.json 2> $R/ckpt/write.log ;;
+    ckptload)  # after ckptwrite, alone on the machine: the disk's sequential read speed, then plain vLLM per load format
+              # (runai_streamer's wheels in .device-wheels/extra, copied to /tmp/dw)
+              for _ in $(seq 1 120); do [ -f /tmp/session/ckptwrite.done ] && break; sleep 5; done   # poll: the other lane's write
+              mkdir -p $R/ckpt
+              ls /tmp/dw/runai_model_streamer-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
+                --target /tmp/site /tmp/dw/runai_model_streamer-*.whl /tmp/dw/humanize-*.whl > $R/ckpt/runai-install.txt 2>&1
+              python3 bench/checkpoint_load.py disk /tmp/ckpt-awq --out $R/ckpt/disk.json > $R/ckpt/disk.txt 2>&1
+              timeout 900 python3 bench/checkpoint_load.py load /tmp/ckpt-awq --disk-json $R/ckpt/disk.json \
+                --out $R/ckpt/checkpoint_load.json --logs $R/ckpt/logs \
+                --formats ${CKPT_FORMATS:-safetensors,fastsafetensors,runai_streamer,safetensors-prefetch} > $R/ckpt/load.txt 2>&1 ;;
     *)        echo "unknown phase $phase" ;;
   esac
   echo "=== $phase done rc=$? in $(( $(date +%s) - t0 )) s"
