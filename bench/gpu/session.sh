@@ -223,11 +223,14 @@ for phase in "$@"; do
                 --after="python3 bench/gpu/soak.py --replay /tmp/replaysoak/soak-soak64.jsonl --url http://127.0.0.1:\$PLAIN_PORT $REPLAY_ARGS --tag replaysoak --out \$OUT > \$OUT/replay-replaysoak.txt 2>&1" ;;
     hostile)  # issue 37: turingbox serve again on the A/B's seeded entry (after the startup phase), then one hostile request
               # (n=1000, no max_tokens) among 4 streaming clients: refused with 400, their TTFT within 1.2x unloaded
+              [ -d /tmp/turingbox-bench/tb-seeded-root ] || echo "hostile: no seeded entry, turingbox started cold" > $R/hostile-caches.txt
               rm -rf /tmp/tb-hostile-home /tmp/tb-hostile-rt; mkdir -p /tmp/tb-hostile-home
               (HOME=/tmp/tb-hostile-home CUDA_VISIBLE_DEVICES=$one TURINGBOX_CACHE_DIR=/tmp/turingbox-bench/tb-seeded-root \
                 TURINGBOX_RUNTIME_DIR=/tmp/tb-hostile-rt TURINGBOX_MODEL=/tmp/demo TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos \
                 setsid python3 -m turingbox serve --host 127.0.0.1 --port 8090 > $R/hostile-serve.log 2>&1 & echo $! > /tmp/hostile.pid)
-              for _ in $(seq 1 150); do curl -sf -o /dev/null http://127.0.0.1:8090/health/ready && break; sleep 2; done
+              # HOSTILE_READY_S: how long to wait for ready (300 s: a warm start; a machine without startup's entry
+              # starts cold, ~450-600 s)
+              for _ in $(seq 1 $(( ${HOSTILE_READY_S:-300} / 2 ))); do curl -sf -o /dev/null http://127.0.0.1:8090/health/ready && break; sleep 2; done   # poll
               timeout 300 python3 bench/gpu/hostile.py --url http://127.0.0.1:8090 --out $R/hostile.json > $R/hostile.txt 2>&1
               kill -TERM "$(cat /tmp/hostile.pid)"; for _ in $(seq 1 30); do kill -0 "$(cat /tmp/hostile.pid)" 2>/dev/null || break; sleep 1; done ;;
     startup)  # issue 18's A/B (bench/startup.sh), one server at a time on one GPU: STARTUP_STEPS lists its steps as
