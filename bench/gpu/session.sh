@@ -224,6 +224,7 @@ for phase in "$@"; do
     hostile)  # issue 37: turingbox serve again on the A/B's seeded entry (after the startup phase), then one hostile request
               # (n=1000, no max_tokens) among 4 streaming clients: refused with 400, their TTFT within 1.2x unloaded
               [ -d /tmp/turingbox-bench/tb-seeded-root ] || echo "hostile: no seeded entry, turingbox started cold" > $R/hostile-caches.txt
+              build_modelinfos_once
               rm -rf /tmp/tb-hostile-home /tmp/tb-hostile-rt; mkdir -p /tmp/tb-hostile-home
               (HOME=/tmp/tb-hostile-home CUDA_VISIBLE_DEVICES=$one TURINGBOX_CACHE_DIR=/tmp/turingbox-bench/tb-seeded-root \
                 TURINGBOX_RUNTIME_DIR=/tmp/tb-hostile-rt TURINGBOX_MODEL=/tmp/demo TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos \
