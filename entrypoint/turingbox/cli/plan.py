@@ -44,6 +44,7 @@ def format_table(plan: Plan) -> str:
         ("tensor_parallel_size", plan.tensor_parallel_size),
         ("num_speculative_tokens", plan.num_speculative_tokens),
         ("dtype / quantization", f"{plan.dtype} / {plan.quantization or 'none'}"),
+        ("load format", plan.load_format),
         ("attention / kv cache", f"{plan.attention_backend} / {plan.kv_cache_dtype}"),
         ("GDN prefill / path", f"{plan.gdn_prefill_backend} / {plan.gdn_path}"),
         ("max_model_len", plan.max_model_len),

@@ -37,6 +37,8 @@ KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
 OBJECTIVES = ("latency", "throughput")
 GDN_PATHS = plugin_contract.GDN_MODES              # "auto": turbo on sm_75 only
 GDN_PREFILL_BACKENDS = ("triton", "flashinfer")
+# how vLLM reads a real checkpoint's weights (the demo has none: --load-format dummy); "auto": the planner's choice
+LOAD_FORMATS = ("auto", "safetensors", "safetensors-prefetch", "runai_streamer", "fastsafetensors")
 FULL_ATTENTION_INTERVAL = 4               # every 4th layer of Qwen3.5/3.6 is full attention
 
 
@@ -276,6 +278,10 @@ _PLAN = (   # turingbox plan / serve / warmup: what the planner reads (planner.D
     Setting("enforce_eager", "no CUDA graphs (debugging; decode is several times slower)", boolean, default=False),
     Setting("prefix_caching", "prefix caching (with --mamba-cache-mode align for GDN models)", boolean,
             default=True),
+    # reading the weights
+    Setting("load_format", "how vLLM reads a checkpoint's weights: " + ", ".join(LOAD_FORMATS) + " (auto: "
+            "runai_streamer at TP=1 where runai-model-streamer is installed, else safetensors-prefetch; the demo "
+            "model has no weights and always loads dummy ones)", choice(*LOAD_FORMATS), default="auto"),
     # what clients see, and the least context worth serving
     Setting("served_model_name", "model name clients use (default: the model directory's name)", str),
     Setting("min_model_len", "refuse to plan when the context would shrink below this many tokens", context,

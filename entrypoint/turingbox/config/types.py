@@ -51,6 +51,7 @@ class PlanSettings(_Group):
     gdn: str = _default("gdn")
     enforce_eager: bool = _default("enforce_eager")
     prefix_caching: bool = _default("prefix_caching")
+    load_format: str = _default("load_format")
     served_model_name: str | None = _default("served_model_name")
     min_model_len: int = _default("min_model_len")
     strict_warmup: bool = _default("strict_warmup")

@@ -1,12 +1,14 @@
 """Plan from the typed settings: read the GPUs and the model (a directory, a Hugging Face id or the built-in demo
 model, plan/demo_choice.py), then the pure `turingbox.plan.planner.make_plan`.
 
-The side effects live here (NVML or --gpus-json, config.json, the hub, package versions); the decisions live in
-the planner. serve, warmup, doctor and the FlashInfer build call plan_from_settings with what they loaded once.
+The side effects live here (NVML or --gpus-json, config.json, the hub, package versions, which optional weight
+loaders are importable); the decisions live in the planner. serve, warmup, doctor and the FlashInfer build call
+plan_from_settings with what they loaded once.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 from dataclasses import replace
@@ -19,7 +21,7 @@ from turingbox.gpus.inventory import read_inventory
 from turingbox.model import hub
 from turingbox.plan.demo_choice import plan_demo
 from turingbox.plan.fingerprint import software_versions
-from turingbox.plan.planner import make_plan
+from turingbox.plan.planner import LOAD_FORMAT_PACKAGES, make_plan
 from turingbox.plan.types import Plan
 from turingbox_plugin.contract import load_model_config, model_config_from_dict
 from turingbox_plugin.errors import ToolError
@@ -27,6 +29,19 @@ from turingbox_plugin.errors import ToolError
 
 def _software() -> dict[str, str]:
     return software_versions()
+
+
+def load_packages() -> frozenset[str]:
+    """The import names of the optional weight loaders (planner.LOAD_FORMAT_PACKAGES) this Python can import: vLLM
+    runs in it (serve's default vllm_command). Found, not imported: find_spec imports nothing of a top-level name."""
+    found = set()
+    for module, _dist in LOAD_FORMAT_PACKAGES.values():
+        try:
+            if importlib.util.find_spec(module) is not None:
+                found.add(module)
+        except (ImportError, ValueError):     # a broken or half-removed install counts as absent
+            pass
+    return frozenset(found)
 
 
 def _load_model(path: str):
@@ -42,7 +57,8 @@ def _load_model(path: str):
         raise UsageError(str(exc)) from None
 
 
-def _plan_hub(inventory, settings: PlanSettings, demo: DemoSettings, software: dict, write: bool) -> Plan:
+def _plan_hub(inventory, settings: PlanSettings, demo: DemoSettings, software: dict, write: bool,
+              loaders: frozenset[str]) -> Plan:
     """A Hugging Face id: plan from its config.json (turingbox.model.hub.model_config) for the snapshot directory
     serve keeps it in, served under the hub id unless --served-model-name says otherwise.
 
@@ -62,7 +78,7 @@ def _plan_hub(inventory, settings: PlanSettings, demo: DemoSettings, software: d
     except (TypeError, ValueError, KeyError) as exc:
         raise UsageError(f"{settings.model}: its {hub.CONFIG_FILE} has an unexpected value ({exc}).") from None
     plan = make_plan(inventory, model, replace(settings, served_model_name=settings.served_model_name
-                                               or settings.model), software)
+                                               or settings.model), software, loaders)
     return replace(plan, reasons=(source.note, *plan.reasons))
 
 
@@ -78,7 +94,7 @@ def plan_from_settings(settings: PlanSettings, demo: DemoSettings, *, write_demo
     inventory = read_inventory(settings.gpus_json, environ)
     software = _software()
     if config.is_hub_id(settings.model):
-        return _plan_hub(inventory, settings, demo, software, write=write_demo)
+        return _plan_hub(inventory, settings, demo, software, write=write_demo, loaders=load_packages())
     if settings.model:
-        return make_plan(inventory, _load_model(settings.model), settings, software)
+        return make_plan(inventory, _load_model(settings.model), settings, software, load_packages())
     return plan_demo(inventory, settings, demo, software, write_demo)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import AbstractSet, Any, Mapping, Sequence
 
 from turingbox.errors import PlanError, UsageError
 from turingbox.gpus.device import Gpu, pci_sort_key
@@ -81,6 +81,65 @@ def flashinfer_sm75_problem(sm: int, backend: str, head_dim: int, software: Mapp
             "flashinfer-ai/flashinfer#3528, fixed in 0.6.16 by #3526) and fails to launch at the first prompt; "
             "install flashinfer-python 0.6.8.post1 (this image's pin), 0.6.9 or 0.6.16 and later, or set "
             "TURINGBOX_ATTENTION_BACKEND=TRITON_ATTN with TURINGBOX_KV_CACHE_DTYPE=fp8_e5m2.")
+
+
+# ---- reading the weights ---------------------------------------------------------------------------
+# The load formats (config LOAD_FORMATS, "auto" resolved here) as vLLM 0.21's flags: --load-format takes vLLM's
+# LoadFormats names (model_executor/model_loader/__init__.py) and --safetensors-load-strategy "prefetch" reads the
+# checkpoint files into the page cache before the workers load them (config/load.py, weight_utils.py). The demo has
+# no weights: "dummy".
+LOAD_FORMAT_ARGS: dict[str, tuple[str, ...]] = {
+    "dummy": ("--load-format", "dummy"),
+    "safetensors": ("--load-format", "safetensors"),
+    "safetensors-prefetch": ("--load-format", "safetensors", "--safetensors-load-strategy", "prefetch"),
+    "runai_streamer": ("--load-format", "runai_streamer"),
+    "fastsafetensors": ("--load-format", "fastsafetensors"),
+}
+# The load formats that need a package beyond vLLM's own imports: format -> (import name, pip name). Whether each
+# import name is importable is gathered at the edge (plan/from_settings.py) and passed to make_plan.
+LOAD_FORMAT_PACKAGES: dict[str, tuple[str, str]] = {
+    "runai_streamer": ("runai_model_streamer", "runai-model-streamer"),
+    "fastsafetensors": ("fastsafetensors", "fastsafetensors"),
+}
+# Session 20 (H200, 2026-12-05, docs/benchmarks.md "Issue 35 item 3"): plain vLLM 0.21 with the plan's argv, TP=1,
+# the 64-layer AWQ demo as a real 19.51 GB safetensors checkpoint (4 shards), page cache dropped, "Model loading
+# took": safetensors 18.24 s, safetensors-prefetch 15.07 s, runai_streamer 14.15 s (runai-model-streamer 0.16.1).
+LOAD_MEASURED = ("14.2 s vs 15.1 s safetensors-prefetch and 18.2 s safetensors, a 19.5 GB AWQ checkpoint from a "
+                 "cold page cache, H200 2026-12-05")
+
+
+def load_format_problem(model: ModelConfig, s: PlanSettings, load_packages: AbstractSet[str]) -> str | None:
+    """Why the load format asked for cannot load this model here (its package is not importable), or None."""
+    needed = LOAD_FORMAT_PACKAGES.get(s.load_format)
+    if model.is_demo or needed is None or needed[0] in load_packages:
+        return None
+    module, dist = needed
+    return (f"{setting_name('load_format')} {s.load_format} needs the Python package {dist} (import {module}), "
+            "which is not installed here, so vLLM would fail to load the weights; install it, or set auto (which "
+            "picks among what is installed) or safetensors-prefetch (which needs no package).")
+
+
+def choose_load_format(model: ModelConfig, s: PlanSettings, tp: int, dp: int,
+                       load_packages: AbstractSet[str]) -> tuple[str, str | None]:
+    """(load format, its reason or None): the demo's dummy weights, a set format, or auto's measured choice."""
+    if model.is_demo:
+        if s.load_format == "auto":
+            return "dummy", None      # the demo's own reason says --load-format dummy
+        return "dummy", (f"load format dummy: {setting_name('load_format')} {s.load_format} does not apply to the "
+                         "demo model, which has no weights to read.")
+    if s.load_format != "auto":
+        return s.load_format, f"load format {s.load_format}: set by {setting_name('load_format')}."
+    runai = LOAD_FORMAT_PACKAGES["runai_streamer"]
+    if tp == 1 and dp == 1 and runai[0] in load_packages:
+        return "runai_streamer", (f"load format runai_streamer: the fastest measured at TP=1 ({LOAD_MEASURED}).")
+    if tp == 1 and dp == 1:
+        why = (f"runai_streamer, measured fastest at TP=1 ({LOAD_MEASURED}), needs {runai[1]}, which is not "
+               "installed here; prefetch was second and needs no package")
+    else:
+        why = (f"only TP=1 with one engine was measured, where runai_streamer was fastest ({LOAD_MEASURED}); at "
+               f"TP={tp}" + (f" x DP={dp}" if dp > 1 else "") + " prefetch needs no package and every rank reads "
+               "the same page cache")
+    return "safetensors-prefetch", f"load format safetensors-prefetch (--safetensors-load-strategy prefetch): {why}."
 
 
 # ---- tensor parallelism ----------------------------------------------------------------------------
@@ -521,8 +580,11 @@ def _excluded(all_gpus: Sequence[Gpu], chosen: Candidate, unsupported: dict[str,
 
 
 def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: PlanSettings,
-              software: Mapping[str, str]) -> Plan:
-    """The whole plan. Raises PlanError/UsageError (one sentence, exit 2) when no plan is possible."""
+              software: Mapping[str, str], load_packages: AbstractSet[str] = frozenset()) -> Plan:
+    """The whole plan. Raises PlanError/UsageError (one sentence, exit 2) when no plan is possible.
+
+    load_packages: the import names of LOAD_FORMAT_PACKAGES that are importable where vLLM runs (the edge finds them).
+    """
     s = settings
     hidden: list[dict] = []
     if isinstance(gpus, Inventory):
@@ -532,6 +594,9 @@ def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Pla
     context_floor_problem = min_model_len_problem(model, s)
     if context_floor_problem:
         raise UsageError(context_floor_problem)
+    load_problem = load_format_problem(model, s, load_packages)
+    if load_problem:
+        raise UsageError(load_problem)
     if not gpus:
         raise PlanError("no GPU is visible" + (f" ({len(hidden)} hidden by NVIDIA_VISIBLE_DEVICES/CUDA_VISIBLE_DEVICES)"
                                               if hidden else "") + "; turingbox needs at least one NVIDIA GPU.")
@@ -579,7 +644,7 @@ def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Pla
         raise PlanError(guard)
     failed_text = {k: str(e).rstrip(".") for k, e in failures.items()}
     excluded = hidden + _excluded(gpus, best, unsupported, failed_text)
-    return _assemble(best, model, s, software, excluded)
+    return _assemble(best, model, s, software, excluded, load_packages)
 
 
 def min_model_len_problem(model: ModelConfig, s: PlanSettings) -> str | None:
@@ -615,7 +680,7 @@ def _tool_parser(model: ModelConfig) -> str:
 
 
 def _assemble(c: Candidate, model: ModelConfig, s: PlanSettings, software: Mapping[str, str],
-              excluded: list[dict]) -> Plan:
+              excluded: list[dict], load_packages: AbstractSet[str]) -> Plan:
     r, z = c.rules, c.sizing
     gpu = c.gpus[0]
     reasons = [c.tp_reason]
@@ -654,6 +719,9 @@ def _assemble(c: Candidate, model: ModelConfig, s: PlanSettings, software: Mappi
         reasons.append("demo model: --load-format dummy (random weights of the real architecture)"
                        + (", text only (--language-model-only: the vision tower is not built)." if model.has_vision
                           else "."))
+    load_format, load_reason = choose_load_format(model, s, c.tp, c.dp, load_packages)
+    if load_reason:
+        reasons.append(load_reason)
     text_only = text_only_plan(model)
     if text_only:
         reasons.append("engine core forked (VLLM_WORKER_MULTIPROC_METHOD=fork): text only, vLLM's API server never "
@@ -699,6 +767,7 @@ def _assemble(c: Candidate, model: ModelConfig, s: PlanSettings, software: Mappi
         served_model_name=served,
         demo=model.is_demo,
         demo_fallback=None,           # set by the command layer when a smaller demo variant was used
+        load_format=load_format,
         memory=z.memory,
         plugin=plugin,
         env={
@@ -759,8 +828,7 @@ def vllm_args(plan: Plan, model: ModelConfig) -> tuple[str, ...]:
     if plan.num_speculative_tokens:
         args += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": plan.num_speculative_tokens},
                                                     separators=(",", ":"))]
-    if plan.demo:
-        args += ["--load-format", "dummy"]
+    args += LOAD_FORMAT_ARGS[plan.load_format]
     if text_only_plan(model):
         # every modality's limit 0 without naming them, which the plugin can answer without importing the model
         args += ["--language-model-only"]

@@ -52,6 +52,7 @@ class Plan:
     served_model_name: str                      # the first of vLLM's names (responses, metrics); a demo also answers to "demo"
     demo: bool
     demo_fallback: Mapping[str, Any] | None     # {"wanted", "used", "why"} when a smaller demo stands in
+    load_format: str                            # how vLLM reads the weights: a key of planner.LOAD_FORMAT_ARGS
     memory: MemoryBreakdown                     # per-GPU breakdown (plan/memory.py, planner.size_memory)
     plugin: PluginConfig
     env: Mapping[str, str | None]               # None = remove the variable from vLLM's environment

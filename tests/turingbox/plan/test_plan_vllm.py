@@ -228,3 +228,49 @@ def test_dp_engines_of_a_dense_model_each_run_the_strict_warmup(vllm_cpu, tmp_pa
     moe = ParallelConfig(tensor_parallel_size=1, data_parallel_size=2, data_parallel_rank=1)
     assert "lockstep" in unsupported_reason(SimpleNamespace(parallel_config=moe, kv_transfer_config=None,
                                                             model_config=SimpleNamespace(runner_type="generate")))
+
+
+def test_every_load_format_is_vllms(vllm_cpu, tmp_path):
+    """Each load format's flags (planner.LOAD_FORMAT_ARGS) through `vllm serve`'s own parser into vLLM's LoadConfig;
+    the names are vLLM's LoadFormats, "prefetch" is the strategy its safetensors iterator prefetches for, the
+    packages are what its loaders import; and LoadConfig hashes nothing into vLLM's compile-cache key, which is why
+    the load format is not in the plan's fingerprint (plan/fingerprint.py). The loaders' modules are read as text:
+    importing them imports the model code, which needs vLLM's CUDA extensions."""
+    import ast
+
+    import vllm
+    from vllm.config.load import LoadConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from turingbox.plan.planner import LOAD_FORMAT_ARGS, LOAD_FORMAT_PACKAGES
+
+    loader_dir = Path(vllm.__file__).parent / "model_executor" / "model_loader"
+    tree = ast.parse((loader_dir / "__init__.py").read_text())
+    literal = next(n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                   and any(getattr(t, "id", "") == "LoadFormats" for t in n.targets))
+    vllm_formats = {e.value for e in literal.slice.elts}
+    weight_utils = (loader_dir / "weight_utils.py").read_text()
+
+    model = load_model_config(write_model(tmp_path, "awq", awq=True))
+    packages = frozenset(module for module, _dist in LOAD_FORMAT_PACKAGES.values())
+    expected = {"safetensors": ("safetensors", None), "safetensors-prefetch": ("safetensors", "prefetch"),
+                "runai_streamer": ("runai_streamer", None), "fastsafetensors": ("fastsafetensors", None)}
+    assert set(expected) | {"dummy"} == set(LOAD_FORMAT_ARGS)
+    for value, (fmt, strategy) in expected.items():
+        plan = make_plan(read_inventory(str(FIXTURES / "1xh200.json"), {}), model,
+                         plan_settings({"load_format": value}), SOFTWARE, packages)
+        vllm_cpu.update(cc=(9, 0), name=plan.gpu_name, total=int(plan.memory.gpu_total_gib * (1 << 30)))
+        argv = list(plan.vllm_args)
+        ns = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(argv[2:] + ["--model", argv[1]])
+        validate_parsed_serve_args(ns)
+        ea = EngineArgs.from_cli_args(ns)
+        assert (ea.load_format, ea.safetensors_load_strategy) == (fmt, strategy), value
+        assert fmt in vllm_formats, fmt
+        assert LoadConfig(load_format=fmt, safetensors_load_strategy=strategy).compute_hash() == \
+            LoadConfig().compute_hash()
+    assert "dummy" in vllm_formats
+    assert 'safetensors_load_strategy == "prefetch"' in weight_utils
+    for module, _dist in LOAD_FORMAT_PACKAGES.values():     # `from runai_model_streamer import SafetensorsStreamer`
+        assert f"from {module} import" in weight_utils, module

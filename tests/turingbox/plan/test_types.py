@@ -18,8 +18,8 @@ ALL_KEYS = ["tensor_parallel_size", "data_parallel_size", "objective", "num_spec
             "max_num_batched_tokens", "kv_cache_dtype", "attention_backend", "dtype", "gdn_prefill_backend",
             "gdn_path", "quantization", "cudagraph_capture_sizes", "enforce_eager", "prefix_caching",
             "disable_custom_all_reduce", "compute_capability", "gpu_name", "gpus", "gpu_indices", "excluded_gpus",
-            "model", "served_model_name", "demo", "demo_fallback", "memory", "plugin", "env", "vllm_args", "reasons",
-            "cache_inputs", "cache_key"]
+            "model", "served_model_name", "demo", "demo_fallback", "load_format", "memory", "plugin", "env",
+            "vllm_args", "reasons", "cache_inputs", "cache_key"]
 
 
 @pytest.fixture(scope="module", params=["4x2080ti-22g", "1xh200"])
