@@ -90,11 +90,14 @@ warmup-cache: ## seed the cache volume by running the image on this host's GPUs 
 bake: ## an image with a seeded cache entry inside (FROM_VOLUME=... or FROM_DIR=...)
 	$(PYTHON) -m turingbox_warmup.bake --image $(IMAGE) $(if $(FROM_VOLUME),--from-volume $(FROM_VOLUME)) $(if $(FROM_DIR),--from-dir $(FROM_DIR)) $(if $(GPUS_JSON),--gpus-json $(GPUS_JSON))
 
+# The plugin's benches read their key from TBPLUGIN_API_KEY, never the appliance's TURINGBOX_API_KEY: hand it on.
+BENCH_KEY = TBPLUGIN_API_KEY="$${TBPLUGIN_API_KEY:-$${TURINGBOX_API_KEY:-}}"
+
 bench-decode: ## decode tok/s against a running server (URL=http://localhost:8000)
-	$(PYTHON) -m turingbox bench decode --url $${URL:-http://localhost:8000} --json
+	$(BENCH_KEY) $(PYTHON) -m turingbox bench decode --url $${URL:-http://localhost:8000} --json
 
 bench-prefill: ## TTFT vs prompt length regression against a running server, JSON + PNG
-	$(PYTHON) -m turingbox bench prefill --url $${URL:-http://localhost:8000} --json --plot docs/img/prefill.png
+	$(BENCH_KEY) $(PYTHON) -m turingbox bench prefill --url $${URL:-http://localhost:8000} --json --plot docs/img/prefill.png
 
 bench-startup: ## GPU host: plain vllm serve vs turingbox serve; PHASES="empty seed seeded warm report"
 	for p in $${PHASES:-empty seed seeded warm report}; do bash bench/startup.sh $$p || exit 1; done

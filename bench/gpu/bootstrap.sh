@@ -20,12 +20,13 @@ if [ "$(cat /tmp/site/.turingbox-src.sha256 2>/dev/null)" != "$src_sum" ]; then
     2>&1 | grep -v -E "^WARNING: Target directory|already exists" || true
   python3 -c "import turingbox, turingbox_plugin" && echo "$src_sum" > /tmp/site/.turingbox-src.sha256
 fi
-# The sm_75+ GDN kernels: built once per machine with nvcc (about a minute), found through TURINGBOX_GDN_LIB.
-export TURINGBOX_GDN_LIB=/tmp/gdnlib/libturingbox_gdn.so
+# The sm_75+ GDN kernels: built once per machine with nvcc (about a minute), found by the plugin through its own
+# TBPLUGIN_GDN_LIB (turingbox_plugin.contract.GDN_LIB_ENV).
+export TBPLUGIN_GDN_LIB=/tmp/gdnlib/libturingbox_gdn.so
 gdn_sum=$(cat plugin/turingbox_plugin/csrc/* | sha256sum | cut -d' ' -f1)   # content: mtimes change every call
 # TURINGBOX_SKIP_GDN_BUILD=1: sessions that never run the turbo path (sm_90 plans pick vLLM's GDN) save the minute.
 if [ -z "${TURINGBOX_SKIP_GDN_BUILD:-}" ] && [ "$(cat /tmp/gdnlib/libturingbox_gdn.sha256 2>/dev/null)" != "$gdn_sum" ]; then
-  GDN_LIB_OUT=$TURINGBOX_GDN_LIB JOBS=8 bash plugin/build_gdn.sh >/tmp/gdn-build.log 2>&1 \
+  GDN_LIB_OUT=$TBPLUGIN_GDN_LIB JOBS=8 bash plugin/build_gdn.sh >/tmp/gdn-build.log 2>&1 \
     && echo "$gdn_sum" > /tmp/gdnlib/libturingbox_gdn.sha256 || echo "GDN build failed: see /tmp/gdn-build.log"
 fi
 [ -d /tmp/demo ] || python3 -m turingbox demo-model /tmp/demo

@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "plugin"
-LIB = Path(os.environ.get("TURINGBOX_GDN_LIB") or PLUGIN / "turingbox_plugin" / "lib" / "libturingbox_gdn.so")
+LIB = Path(os.environ.get("TBPLUGIN_GDN_LIB") or PLUGIN / "turingbox_plugin" / "lib" / "libturingbox_gdn.so")
 if str(PLUGIN) not in sys.path:
     sys.path.insert(0, str(PLUGIN))
 

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from turingbox_plugin.contract import RUNTIME_DIR_ENV
+
 PATTERNS = {
     "kv_cache_gib": r"Available KV cache memory: ([\d.]+) GiB",
     "kv_cache_tokens": r"GPU KV cache size: ([\d,]+) tokens",
@@ -96,8 +98,7 @@ def main() -> int:
             venv.pop(k, None)
         else:
             venv[k] = str(v)
-    venv["TURINGBOX_RUNTIME_DIR"] = plan["plugin"]["runtime_dir"]
-    os.makedirs(plan["plugin"]["runtime_dir"], exist_ok=True)
+    os.makedirs(venv[RUNTIME_DIR_ENV], exist_ok=True)     # the plan's env names the plugin's status directory
     argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", *plan["vllm_args"], "--host", "127.0.0.1",
             "--port", "8765"]
     log_path = os.path.join(a.out, "vllm.log")

@@ -5,8 +5,11 @@ what it declares; the plugin reads only what it declares.
   defaults (what a plain `vllm serve --additional-config '{"turingbox": {}}'` gets).
 - `ENGINE_ENV`: the two values that travel in the engine's environment instead, because vLLM hashes
   additional_config into its compile-cache key and these change per start (runtime_dir) or per run
-  (benchmark_mode); `read_engine_env` is the plugin's one reader of them. The plugin reads no other
-  TURINGBOX_* variable, so the appliance's own settings may stay in vLLM's environment unread.
+  (benchmark_mode); `read_engine_env` is the plugin's one reader of them.
+- The plugin's variables all carry its own prefix, `PREFIX` (TBPLUGIN_): the engine's two, `GDN_LIB_ENV` and the
+  client tools' `BENCH_URL_ENV` / `API_KEY_ENV`. No name the plugin reads is a TURINGBOX_* setting of the
+  appliance, so the appliance's settings may stay in vLLM's environment unread; the appliance resolves its own
+  (TURINGBOX_RUNTIME_DIR, TURINGBOX_BENCHMARK_MODE) and its engine launcher writes the results under these names.
 - The worker status files (`STATUS_STAGES`, `status_path`, `STATUS_KEYS`), and `ModelConfig`, the static
   facts of a model directory the planner and check-model share.
 
@@ -22,19 +25,21 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from turingbox_plugin.model_config import DEMO_MARKER, ModelConfig, load_model_config, model_config_from_dict
 
-__all__ = ["CONFIG_KEY", "GDN_MODES", "PluginConfig", "ENGINE_ENV", "RUNTIME_DIR_ENV", "BENCHMARK_MODE_ENV",
+__all__ = ["CONFIG_KEY", "GDN_MODES", "PluginConfig", "PREFIX", "ENGINE_ENV", "RUNTIME_DIR_ENV", "BENCHMARK_MODE_ENV",
            "GDN_LIB_ENV", "BENCH_URL_ENV", "API_KEY_ENV", "read_engine_env", "client_defaults", "turingbox_section", "STATUS_STAGES", "STATUS_KEYS", "status_path", "status_rank",
            "ModelConfig", "load_model_config", "model_config_from_dict", "DEMO_MARKER"]
 
 CONFIG_KEY = "turingbox"                 # the plugin's key inside vLLM's additional_config
 GDN_MODES = ("auto", "turbo", "vllm")    # "auto": turbo on sm_75 only (PluginConfig.gdn_path)
 
+# Every variable of the plugin starts with this (the appliance's settings start with TURINGBOX_; none is read here).
+PREFIX = "TBPLUGIN_"
 # The engine's environment: variable -> the PluginSettings field it fills (see the module's docstring).
-RUNTIME_DIR_ENV = "TURINGBOX_RUNTIME_DIR"
-BENCHMARK_MODE_ENV = "TURINGBOX_BENCHMARK_MODE"
+RUNTIME_DIR_ENV = PREFIX + "RUNTIME_DIR"
+BENCHMARK_MODE_ENV = PREFIX + "BENCHMARK_MODE"
 ENGINE_ENV = {RUNTIME_DIR_ENV: "runtime_dir", BENCHMARK_MODE_ENV: "benchmark_mode"}
-# The plugin's own variable, no appliance setting: where its sm_75 GDN library lies (the image sets it).
-GDN_LIB_ENV = "TURINGBOX_GDN_LIB"
+# Where the plugin's sm_75 GDN library lies when not in the package's lib/ folder (no appliance setting).
+GDN_LIB_ENV = PREFIX + "GDN_LIB"
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -140,8 +145,7 @@ def turingbox_section(additional_config: Any) -> dict[str, Any] | None:
 
 
 def read_engine_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """{"runtime_dir": str | None, "benchmark_mode": bool} from the engine's environment: the plugin's one read
-    of a TURINGBOX_* variable (ENGINE_ENV)."""
+    """{"runtime_dir": str | None, "benchmark_mode": bool} from the engine's environment (ENGINE_ENV)."""
     # environ: the ENGINE_ENV channel the appliance's engine launcher sets (the contract's one reader)
     env = os.environ if env is None else env
     return {"runtime_dir": env.get(RUNTIME_DIR_ENV) or None,
@@ -149,8 +153,8 @@ def read_engine_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 
 # The client tools' defaults (bench decode/prefill, jit-report against a running server).
-BENCH_URL_ENV = "TURINGBOX_BENCH_URL"
-API_KEY_ENV = "TURINGBOX_API_KEY"      # the appliance's bearer token, when the bench runs beside it
+BENCH_URL_ENV = PREFIX + "BENCH_URL"
+API_KEY_ENV = PREFIX + "API_KEY"        # the bearer token (the appliance's TURINGBOX_API_KEY is not read here)
 
 
 def client_defaults(env: Mapping[str, str] | None = None) -> dict[str, str | None]:
@@ -161,8 +165,8 @@ def client_defaults(env: Mapping[str, str] | None = None) -> dict[str, str | Non
 
 
 def gdn_library_override(env: Mapping[str, str] | None = None) -> str | None:
-    """$TURINGBOX_GDN_LIB (the plugin's own variable), or None."""
-    # environ: GDN_LIB_ENV, the plugin's own library path (set by the image)
+    """$TBPLUGIN_GDN_LIB (GDN_LIB_ENV), or None."""
+    # environ: GDN_LIB_ENV, the plugin's own library path (bench/gpu/bootstrap.sh sets it)
     env = os.environ if env is None else env
     return env.get(GDN_LIB_ENV) or None
 

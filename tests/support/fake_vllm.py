@@ -529,7 +529,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def write_worker_status() -> None:
-    runtime_dir = O["turingbox"].get("runtime_dir") or os.environ.get("TURINGBOX_RUNTIME_DIR")
+    runtime_dir = O["turingbox"].get("runtime_dir") or os.environ.get("TBPLUGIN_RUNTIME_DIR")
     if not runtime_dir or O["plugin"] == "missing":
         return
     jit = {}

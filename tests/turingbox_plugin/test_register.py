@@ -114,19 +114,22 @@ def test_settings_come_from_the_contract_only():
                                         "runtime_dir": "/run/tb"}}, {})
     assert s.active and s.strict_warmup and s.gdn == "turbo" and s.source == "additional_config"
     assert s.cudagraph_capture_sizes == (1, 2, 4) and s.runtime_dir == "/run/tb" and s.extra == {}
-    env = {"TURINGBOX_STRICT_WARMUP": "1", "TURINGBOX_GDN": "fast", "TURINGBOX_RUNTIME_DIR": "/x",
-           "TURINGBOX_BENCHMARK_MODE": "1"}
+    env = {"TURINGBOX_STRICT_WARMUP": "1", "TURINGBOX_GDN": "fast", "TBPLUGIN_RUNTIME_DIR": "/x",
+           "TBPLUGIN_BENCHMARK_MODE": "1"}
     s2 = resolve_settings({"turingbox": {"gdn": "vllm"}}, env)
     # the section's keys, the contract's defaults for the rest; the two ENGINE_ENV variables from the env
     assert (s2.strict_warmup, s2.gdn, s2.prune_autotune, s2.runtime_dir, s2.benchmark_mode) == (
         False, "vllm", True, "/x", True)
+    # the appliance's settings of the same meaning are not the plugin's variables: they change nothing here
+    s3 = resolve_settings({"turingbox": {}}, {"TURINGBOX_RUNTIME_DIR": "/x", "TURINGBOX_BENCHMARK_MODE": "1"})
+    assert (s3.runtime_dir, s3.benchmark_mode) == (None, False)
     s4 = resolve_settings({"turingbox": {"gdn": "auto"}}, {})
     assert s4.gdn == "auto" and s4.gdn_path((7, 5)) == "turbo" and s4.gdn_path((9, 0)) == "vllm"
     assert s4.gdn_path(None) == "vllm"
     with pytest.raises(ValueError, match="additional_config.turingbox.gdn = 'fast' is not one of auto, turbo, vllm"):
         resolve_settings({"turingbox": {"gdn": "fast"}}, {})
-    with pytest.raises(ValueError, match="TURINGBOX_BENCHMARK_MODE = 'maybe' is not a boolean"):
-        resolve_settings({"turingbox": {}}, {"TURINGBOX_BENCHMARK_MODE": "maybe"})
+    with pytest.raises(ValueError, match="TBPLUGIN_BENCHMARK_MODE = 'maybe' is not a boolean"):
+        resolve_settings({"turingbox": {}}, {"TBPLUGIN_BENCHMARK_MODE": "maybe"})
     for bad in ({"turingbox": {"gdn": "warp"}}, {"turingbox": {"strict_warmup": "maybe"}},
                 {"turingbox": {"cudagraph_capture_sizes": [0]}}, {"turingbox": {"max_num_seqs": -1}},
                 {"turingbox": {"cudagraph_capture_sizes": [True]}}, {"turingbox": []}):

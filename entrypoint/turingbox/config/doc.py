@@ -31,9 +31,8 @@ READERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     # its plan line plans as `plan` does: cli/doctor_check.py's DOCTOR_FLAGS (--gpus-json) as flags, which the
     # plugin's cli.py adds through doctor.add_arguments, the other plan settings from their variables
     ("doctor", ("gpus_json",), tuple(n for n in S.PLAN_SETTINGS if n != "gpus_json")),
-    # the plugin's benches take the sidecar's key as their --api-key default (the plugin reads the variable itself)
-    ("bench decode", ("api_key",), ()),
-    ("bench prefill", ("api_key",), ()),
+    # not the plugin's benches (bench decode|prefill): they read no setting of the appliance, their --api-key
+    # default is the plugin's own TBPLUGIN_API_KEY (turingbox_plugin.contract)
 )
 READING_COMMANDS = frozenset(c for c, _, _ in READERS)
 assert all(n in S.REGISTRY for _, flags, env_only in READERS for n in flags + env_only), "READERS names no setting"

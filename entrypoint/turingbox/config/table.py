@@ -386,9 +386,6 @@ assert len({s.env_name for s in SETTINGS}) == len(SETTINGS), "two settings share
 # Every other TURINGBOX_* name the project reads: not settings of the appliance (no flag), each with who reads
 # it. `turingbox serve`/`plan` accept these in their environment; any other TURINGBOX_* name is a typo.
 OTHER_VARIABLES: dict[str, str] = {
-    # the plugin's own (turingbox_plugin.contract), read in vLLM's worker processes
-    plugin_contract.GDN_LIB_ENV: "the plugin's prebuilt sm_75 GDN library (set by the image)",
-    "TURINGBOX_BENCH_URL": "the plugin's bench tools' default URL",
     # build and development tools, never read by `turingbox serve` (declared, and read, in config/envs.py)
     **{name: why for name, why in envs.VARIABLES.items() if name.startswith("TURINGBOX_")},
     "TURINGBOX_VERSION": "the image's label, set at build",
@@ -467,7 +464,9 @@ PLANNER_DEFAULTS: dict[str, Any] = {s.name: s.default for s in _PLAN}
 # '{"turingbox": {...}}' (PLUGIN_CONFIG: contract key -> the settings it comes from; () for a key no setting
 # of the appliance changes, written with the contract's default), or, where vLLM would hash a volatile value
 # into its compile-cache key, in the plan's env (PLUGIN_ENV: the contract's ENGINE_ENV variable -> setting).
-# The plugin reads no other TURINGBOX_* variable, so none needs removing from the environment vLLM inherits.
+# The plugin's variables carry its own prefix (contract.PREFIX, TBPLUGIN_): it reads no TURINGBOX_* name, so the
+# appliance's settings need no removing from the environment vLLM inherits, and a setting's variable
+# (TURINGBOX_RUNTIME_DIR) reaches the plugin only as the value the planner resolved, under the contract's name.
 PLUGIN_CONFIG: dict[str, tuple[str, ...]] = {
     "strict_warmup": ("strict_warmup",),
     "require_plugin": ("require_plugin",),
@@ -478,8 +477,8 @@ PLUGIN_CONFIG: dict[str, tuple[str, ...]] = {
     "prune_autotune": (),                              # the contract's default (on)
 }
 PLUGIN_ENV: dict[str, str] = dict(plugin_contract.ENGINE_ENV)
-assert all(REGISTRY[name].env_name == var for var, name in PLUGIN_ENV.items()), \
-    "an engine variable of the plugin's contract is not the variable of the setting it carries"
+assert all(name in REGISTRY and not var.startswith("TURINGBOX_") for var, name in PLUGIN_ENV.items()), \
+    "an engine variable of the plugin's contract carries no setting, or is named like a setting of the appliance"
 
 
 # ---- resolution ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from turingbox.plan import arch as archmod
 from turingbox.plan import memory as mem
 from turingbox.plan.types import Plan, PluginConfig
 from turingbox.config import REGISTRY, PlanSettings
-from turingbox_plugin.contract import ModelConfig
+from turingbox_plugin.contract import BENCHMARK_MODE_ENV, RUNTIME_DIR_ENV, ModelConfig
 
 WORKER_CLS = "turingbox_plugin.worker.TuringboxWorker"
 CONTEXT_ROUNDING = 256          # a shrunk max_model_len is rounded down to this
@@ -775,8 +775,8 @@ def _assemble(c: Candidate, model: ModelConfig, s: PlanSettings, software: Mappi
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             # Must be set before FLA is imported to reuse autotune results (DESIGN: 93 s per start otherwise).
             "TRITON_CACHE_AUTOTUNING": "1",
-            REGISTRY["runtime_dir"].env_name: str(s.runtime_dir),          # PLUGIN_ENV: what the plugin reads
-            REGISTRY["benchmark_mode"].env_name: "1" if s.benchmark_mode else "0",
+            RUNTIME_DIR_ENV: str(s.runtime_dir),          # PLUGIN_ENV: the settings' values under the plugin's names
+            BENCHMARK_MODE_ENV: "1" if s.benchmark_mode else "0",
             "VLLM_PLUGINS": None,           # None = remove from the environment (all plugins load)
             # `vllm serve` spawns its engine core (a fresh interpreter that imports everything again) unless told
             # otherwise; vLLM itself falls back to spawn if CUDA is initialised in the API server after all.

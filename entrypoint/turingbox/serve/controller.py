@@ -403,7 +403,7 @@ class Controller:
         # 3. vLLM, with status files in a directory of this instance's own under the configured runtime dir:
         # two instances on one host (two compose services, serve beside a warmup) must not read each other's.
         # A saved plan without one: the operator's runtime_dir setting if given (its default is the planner's).
-        base = (env.get("TURINGBOX_RUNTIME_DIR")
+        base = ((plan.env or {}).get(RUNTIME_DIR_ENV)
                 or self.configured_runtime_dir or tempfile.gettempdir())
         # Under the controller's own supervisor, made before the plan so a signal at any stage reaches the group.
         self.engine = engine = Engine(

@@ -31,7 +31,7 @@ def run(coro):
 def test_a_start_answers_reports_every_worker_and_stops_with_its_stages_in_order(tmp_path):
     stages: list[str] = []
     engine = make_engine(tmp_path, stages=stages)
-    assert os.path.isdir(engine.runtime_dir) and engine.env["TURINGBOX_RUNTIME_DIR"] == engine.runtime_dir
+    assert os.path.isdir(engine.runtime_dir) and engine.env["TBPLUGIN_RUNTIME_DIR"] == engine.runtime_dir
     assert os.path.dirname(engine.runtime_dir) == str(tmp_path / "runtime")
 
     async def sequence():

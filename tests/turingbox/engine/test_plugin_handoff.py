@@ -39,14 +39,15 @@ def handed(model_dir: str, **env: str) -> tuple[dict, dict]:
 
 def test_plugin_config_table_names_declared_settings_and_plugin_fields():
     """Every key of the contract's PluginConfig is in PLUGIN_CONFIG, with the settings it comes from (none:
-    the contract's default); PLUGIN_ENV is the contract's ENGINE_ENV."""
+    the contract's default); PLUGIN_ENV is the contract's ENGINE_ENV, whose variables are the plugin's own
+    (TBPLUGIN_*), never the variable of the setting they carry."""
     from turingbox_plugin.contract import ENGINE_ENV, PluginConfig
     assert set(S.PLUGIN_CONFIG) == {f.name for f in dataclasses.fields(PluginConfig)}
     assert set(S.PLUGIN_ENV.values()) <= FIELDS and S.PLUGIN_ENV == ENGINE_ENV
     for key, names in S.PLUGIN_CONFIG.items():
         assert set(names) <= set(S.REGISTRY), key
     for var, name in S.PLUGIN_ENV.items():
-        assert S.REGISTRY[name].env_name == var
+        assert name in S.REGISTRY and var.startswith("TBPLUGIN_") and S.REGISTRY[name].env_name != var
 
 
 def test_launched_additional_config_keys_are_plugin_fields_from_settings(model_dir):
@@ -57,7 +58,8 @@ def test_launched_additional_config_keys_are_plugin_fields_from_settings(model_d
     # the plugin's own resolver reads exactly these values, nothing left over
     resolved = resolve_settings({CONFIG_KEY: section}, {k: v for k, v in env.items() if k in S.PLUGIN_ENV})
     assert resolved.active and resolved.extra == {}
-    assert resolved.runtime_dir == env[S.REGISTRY["runtime_dir"].env_name]
+    assert resolved.runtime_dir == env[plugin_var("runtime_dir")]
+    assert not {k for k in env if k.startswith("TURINGBOX_")}, "the plan hands the plugin no TURINGBOX_* name"
 
 
 @pytest.mark.parametrize("var, value, key, expected", [
@@ -81,17 +83,20 @@ def test_enforce_eager_empties_the_capture_sizes(model_dir):
     assert handed(model_dir, TURINGBOX_ENFORCE_EAGER="1")[0]["cudagraph_capture_sizes"] == []
 
 
+def plugin_var(name: str) -> str:
+    """The contract's variable (TBPLUGIN_*) that carries this setting's resolved value."""
+    return next(var for var, setting in S.PLUGIN_ENV.items() if setting == name)
+
+
 @pytest.mark.parametrize("name, value, expected", [("benchmark_mode", "1", "1"), ("benchmark_mode", "0", "0")])
 def test_plugin_env_follows_its_resolved_setting(model_dir, name, value, expected):
-    var = S.REGISTRY[name].env_name
-    _, env = handed(model_dir, **{var: value})
-    assert env[var] == expected
+    _, env = handed(model_dir, **{S.REGISTRY[name].env_name: value})
+    assert env[plugin_var(name)] == expected
 
 
 def test_runtime_dir_is_resolved_before_it_is_handed(model_dir, tmp_path):
-    var = S.REGISTRY["runtime_dir"].env_name
-    _, env = handed(model_dir, **{var: str(tmp_path / "rt")})
-    assert env[var] == str(tmp_path / "rt")
+    _, env = handed(model_dir, **{S.REGISTRY["runtime_dir"].env_name: str(tmp_path / "rt")})
+    assert env[plugin_var("runtime_dir")] == str(tmp_path / "rt")
 
 
 def test_unset_keys_are_the_contracts_defaults(model_dir):

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(60)
 def test_jit_report_reads_the_runtime_dir_from_the_plan(serve_factory):
     s = serve_factory()
     s.wait_ready()
-    runtime_dir = s.get("/turingbox/plan").json()["env"]["TURINGBOX_RUNTIME_DIR"]
+    runtime_dir = s.get("/turingbox/plan").json()["env"]["TBPLUGIN_RUNTIME_DIR"]
     assert os.path.isdir(runtime_dir)
     with open(os.path.join(runtime_dir, "jit-keys-rank0.jsonl"), "w") as f:
         f.write(json.dumps({"kernel": "_causal_conv1d_fwd_kernel", "phase": "warmup",

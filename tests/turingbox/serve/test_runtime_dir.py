@@ -23,12 +23,12 @@ def test_a_second_serve_does_not_overwrite_the_first_ones_worker_status(serve_fa
     a = serve_factory(env={"TURINGBOX_RUNTIME_DIR": shared, "FAKE_VLLM_JIT_AFTER_READY": "_kernel_a=1"})
     a.wait_ready()
     assert jit_total(a) == 1.0
-    a_dir = a.get("/turingbox/plan").json()["env"]["TURINGBOX_RUNTIME_DIR"]
+    a_dir = a.get("/turingbox/plan").json()["env"]["TBPLUGIN_RUNTIME_DIR"]
     assert os.path.dirname(a_dir) == shared and os.path.isfile(os.path.join(a_dir, "worker-0.json"))
 
     b = serve_factory(env={"TURINGBOX_RUNTIME_DIR": shared})
     b.wait_ready()
-    b_dir = b.get("/turingbox/plan").json()["env"]["TURINGBOX_RUNTIME_DIR"]
+    b_dir = b.get("/turingbox/plan").json()["env"]["TBPLUGIN_RUNTIME_DIR"]
     assert b_dir != a_dir and os.path.dirname(b_dir) == shared
     assert jit_total(b) == 0.0
     assert jit_total(a) == 1.0, "serve B's workers overwrote serve A's status"

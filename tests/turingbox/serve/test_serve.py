@@ -459,10 +459,11 @@ def test_api_key_off_is_a_logged_warning_and_shown_in_the_plan(serve_factory, va
 def test_the_plugin_in_vllm_reads_resolved_values_not_the_raw_turingbox_variables(serve_factory, tmp_path):
     """TURINGBOX_GDN=auto (the documented default) reached the workers raw and the plugin refused it. Now the
     plugin reads only its contract (turingbox_plugin.contract): the additional_config section and the two
-    ENGINE_ENV variables, which the plan sets. The operator's raw variables are still in vLLM's environment,
-    and the plugin's settings, resolved from the child's real environment and argv, are the plan's anyway."""
+    ENGINE_ENV variables (TBPLUGIN_*), which the plan sets. The operator's raw TURINGBOX_* variables are still in
+    vLLM's environment, and the plugin's settings, resolved from the child's real environment and argv, are the
+    plan's anyway."""
     from turingbox_plugin.activation import argv_additional_config, resolve_settings
-    from turingbox_plugin.contract import ENGINE_ENV
+    from turingbox_plugin.contract import ENGINE_ENV, RUNTIME_DIR_ENV
     dump = tmp_path / "vllm-env.json"
     wrapper = tmp_path / "dump_env_then_fake_vllm.py"
     wrapper.write_text("import json, os, sys\n"
@@ -476,7 +477,8 @@ def test_the_plugin_in_vllm_reads_resolved_values_not_the_raw_turingbox_variable
     plan = s.get("/turingbox/plan").json()
     assert child["TURINGBOX_GDN"] == "auto"          # no stripping: the plugin never reads it
     assert {k: child[k] for k in ENGINE_ENV} == {k: plan["env"][k] for k in ENGINE_ENV}
-    instance = child["TURINGBOX_RUNTIME_DIR"]          # the engine's own directory under the configured one
+    assert all(k.startswith("TBPLUGIN_") for k in ENGINE_ENV) and child["TURINGBOX_BENCHMARK_MODE"] == "0"
+    instance = child[RUNTIME_DIR_ENV]                  # the engine's own directory under the configured one
     assert os.path.dirname(instance) == os.path.join(s.tmp, "runtime") and os.path.isdir(instance)
     assert os.path.basename(instance).startswith(f"turingbox-serve-{s.proc.pid}-")
     assert child["SOME_OTHER_SETTING"] == "kept" and child["FAKE_VLLM_EVENTS"] == s.events_path
@@ -517,7 +519,7 @@ def plan_without_runtime_dir(tmp_path_factory):
                            "--model", make_model_dir(str(d)), "--json"],
                           capture_output=True, text=True, check=True, env={**env, "TMPDIR": str(d)})
     plan = json.loads(made.stdout)
-    del plan["env"]["TURINGBOX_RUNTIME_DIR"]
+    del plan["env"]["TBPLUGIN_RUNTIME_DIR"]
     assert "runtime_dir" not in plan["plugin"]
     path = d / "plan.json"
     path.write_text(json.dumps(plan))

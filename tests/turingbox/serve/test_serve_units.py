@@ -164,16 +164,18 @@ def test_vllm_argv_and_passthrough():
 
 
 def test_vllm_env_is_the_parents_overlaid_by_the_plans():
-    """No variable is stripped (the plugin reads only its contract); the plan's values win, None unsets."""
+    """No variable is stripped (the plugin reads only its contract's TBPLUGIN_* names, never the appliance's
+    TURINGBOX_* settings); the plan's values win, None unsets."""
     parent = {"PATH": "/bin", "HF_TOKEN": "hf", "VLLM_PLUGINS": "", "TURINGBOX_GDN": "auto",
-              "TURINGBOX_STRICT_WARMUP": "0", "TURINGBOX_RUNTIME_DIR": "/raw", "TURINGBOX_GDN_LIB": "/opt/gdn.so"}
-    plan_env = {"TURINGBOX_RUNTIME_DIR": "/resolved", "TURINGBOX_BENCHMARK_MODE": "0", "CUDA_VISIBLE_DEVICES": "1",
+              "TURINGBOX_STRICT_WARMUP": "0", "TURINGBOX_RUNTIME_DIR": "/raw", "TBPLUGIN_GDN_LIB": "/opt/gdn.so"}
+    plan_env = {"TBPLUGIN_RUNTIME_DIR": "/resolved", "TBPLUGIN_BENCHMARK_MODE": "0", "CUDA_VISIBLE_DEVICES": "1",
                 "VLLM_PLUGINS": None}
     env = vllm_env(parent, plan_env, {"TRITON_CACHE_DIR": "/c/triton"})
     assert env == {"PATH": "/bin", "HF_TOKEN": "hf", "TURINGBOX_GDN": "auto", "TURINGBOX_STRICT_WARMUP": "0",
-                   "TURINGBOX_RUNTIME_DIR": "/resolved", "TURINGBOX_BENCHMARK_MODE": "0", "CUDA_VISIBLE_DEVICES": "1",
-                   "TRITON_CACHE_DIR": "/c/triton", "TURINGBOX_GDN_LIB": "/opt/gdn.so"}
-    assert parent["VLLM_PLUGINS"] == "" and parent["TURINGBOX_RUNTIME_DIR"] == "/raw"   # the parent's mapping is left alone
+                   "TURINGBOX_RUNTIME_DIR": "/raw", "TBPLUGIN_RUNTIME_DIR": "/resolved",
+                   "TBPLUGIN_BENCHMARK_MODE": "0", "CUDA_VISIBLE_DEVICES": "1",
+                   "TRITON_CACHE_DIR": "/c/triton", "TBPLUGIN_GDN_LIB": "/opt/gdn.so"}
+    assert parent["VLLM_PLUGINS"] == "" and "TBPLUGIN_RUNTIME_DIR" not in parent   # the parent's mapping is left alone
 
 
 def test_the_plans_engine_start_method_is_a_default_the_operator_overrides():
