@@ -280,8 +280,9 @@ _PLAN = (   # turingbox plan / serve / warmup: what the planner reads (planner.D
             default=True),
     # reading the weights
     Setting("load_format", "how vLLM reads a checkpoint's weights: " + ", ".join(LOAD_FORMATS) + " (auto: "
-            "runai_streamer at TP=1 where runai-model-streamer is installed, else safetensors-prefetch; the demo "
-            "model has no weights and always loads dummy ones)", choice(*LOAD_FORMATS), default="auto"),
+            "runai_streamer at TP=1 where runai-model-streamer is installed, else safetensors-prefetch; vLLM's own "
+            "auto for a model directory with only .bin/.pt weights; the demo model has no weights and always loads "
+            "dummy ones)", choice(*LOAD_FORMATS), default="auto"),
     # what clients see, and the least context worth serving
     Setting("served_model_name", "model name clients use (default: the model directory's name)", str),
     Setting("min_model_len", "refuse to plan when the context would shrink below this many tokens", context,

@@ -2,8 +2,8 @@
 model, plan/demo_choice.py), then the pure `turingbox.plan.planner.make_plan`.
 
 The side effects live here (NVML or --gpus-json, config.json, the hub, package versions, which optional weight
-loaders are importable); the decisions live in the planner. serve, warmup, doctor and the FlashInfer build call
-plan_from_settings with what they loaded once.
+loaders are importable, which weight files a model directory holds); the decisions live in the planner. serve,
+warmup, doctor and the FlashInfer build call plan_from_settings with what they loaded once.
 """
 from __future__ import annotations
 
@@ -42,6 +42,21 @@ def load_packages() -> frozenset[str]:
         except (ImportError, ValueError):     # a broken or half-removed install counts as absent
             pass
     return frozenset(found)
+
+
+def weight_files(path: str) -> str | None:
+    """Which weight files the model directory holds at its top level (where vLLM looks): "safetensors" if any
+    *.safetensors, else "pt" if any *.bin/*.pt (PyTorch weights, which only vLLM's own auto format reads), else None
+    (not known: no weights there yet)."""
+    try:
+        names = [e.name for e in os.scandir(path) if e.is_file()]
+    except OSError:
+        return None
+    if any(n.endswith(".safetensors") for n in names):
+        return "safetensors"
+    if any(n.endswith((".bin", ".pt")) for n in names):
+        return "pt"
+    return None
 
 
 def _load_model(path: str):
@@ -96,5 +111,6 @@ def plan_from_settings(settings: PlanSettings, demo: DemoSettings, *, write_demo
     if config.is_hub_id(settings.model):
         return _plan_hub(inventory, settings, demo, software, write=write_demo, loaders=load_packages())
     if settings.model:
-        return make_plan(inventory, _load_model(settings.model), settings, software, load_packages())
+        return make_plan(inventory, _load_model(settings.model), settings, software, load_packages(),
+                         weight_files=weight_files(settings.model))
     return plan_demo(inventory, settings, demo, software, write_demo)

@@ -87,9 +87,11 @@ def flashinfer_sm75_problem(sm: int, backend: str, head_dim: int, software: Mapp
 # The load formats (config LOAD_FORMATS, "auto" resolved here) as vLLM 0.21's flags: --load-format takes vLLM's
 # LoadFormats names (model_executor/model_loader/__init__.py) and --safetensors-load-strategy "prefetch" reads the
 # checkpoint files into the page cache before the workers load them (config/load.py, weight_utils.py). The demo has
-# no weights: "dummy".
+# no weights: "dummy". "auto" is vLLM's own default, planned only for a directory holding PyTorch .bin/.pt weights and
+# no *.safetensors (every other format reads only *.safetensors; vLLM's auto falls back to .bin).
 LOAD_FORMAT_ARGS: dict[str, tuple[str, ...]] = {
     "dummy": ("--load-format", "dummy"),
+    "auto": ("--load-format", "auto"),
     "safetensors": ("--load-format", "safetensors"),
     "safetensors-prefetch": ("--load-format", "safetensors", "--safetensors-load-strategy", "prefetch"),
     "runai_streamer": ("--load-format", "runai_streamer"),
@@ -108,8 +110,20 @@ LOAD_MEASURED = ("14.2 s vs 15.1 s safetensors-prefetch and 18.2 s safetensors, 
                  "cold page cache, H200 2026-12-05")
 
 
-def load_format_problem(model: ModelConfig, s: PlanSettings, load_packages: AbstractSet[str]) -> str | None:
-    """Why the load format asked for cannot load this model here (its package is not importable), or None."""
+def _pt_only(model: ModelConfig, weight_files: str | None) -> bool:
+    """The model directory holds PyTorch .bin/.pt weights and no *.safetensors (weight_files "pt", found at the edge;
+    None, not known yet, counts as safetensors, what hub checkpoints ship)."""
+    return not model.is_demo and weight_files == "pt"
+
+
+def load_format_problem(model: ModelConfig, s: PlanSettings, load_packages: AbstractSet[str],
+                        weight_files: str | None = None) -> str | None:
+    """Why the load format asked for cannot load this model here (its directory holds only .bin/.pt weights, which
+    it cannot read, or its package is not importable), or None."""
+    if s.load_format != "auto" and _pt_only(model, weight_files):
+        return (f"{setting_name('load_format')} {s.load_format} reads only *.safetensors files, but {model.path} "
+                "holds only PyTorch .bin/.pt weights, so vLLM would fail to load them; set auto (which plans vLLM's "
+                "own auto format, which reads .bin) or convert the checkpoint to safetensors.")
     needed = LOAD_FORMAT_PACKAGES.get(s.load_format)
     if model.is_demo or needed is None or needed[0] in load_packages:
         return None
@@ -120,8 +134,9 @@ def load_format_problem(model: ModelConfig, s: PlanSettings, load_packages: Abst
 
 
 def choose_load_format(model: ModelConfig, s: PlanSettings, tp: int, dp: int,
-                       load_packages: AbstractSet[str]) -> tuple[str, str | None]:
-    """(load format, its reason or None): the demo's dummy weights, a set format, or auto's measured choice."""
+                       load_packages: AbstractSet[str], weight_files: str | None = None) -> tuple[str, str | None]:
+    """(load format, its reason or None): the demo's dummy weights, a set format, vLLM's auto for a directory of
+    .bin/.pt weights only, or auto's measured choice."""
     if model.is_demo:
         if s.load_format == "auto":
             return "dummy", None      # the demo's own reason says --load-format dummy
@@ -129,6 +144,9 @@ def choose_load_format(model: ModelConfig, s: PlanSettings, tp: int, dp: int,
                          "demo model, which has no weights to read.")
     if s.load_format != "auto":
         return s.load_format, f"load format {s.load_format}: set by {setting_name('load_format')}."
+    if _pt_only(model, weight_files):
+        return "auto", (f"load format auto (vLLM's default): {model.path} holds no *.safetensors, only PyTorch "
+                        ".bin/.pt weights, which runai_streamer and safetensors cannot read.")
     runai = LOAD_FORMAT_PACKAGES["runai_streamer"]
     if tp == 1 and dp == 1 and runai[0] in load_packages:
         return "runai_streamer", (f"load format runai_streamer: the fastest measured at TP=1 ({LOAD_MEASURED}).")
@@ -580,10 +598,13 @@ def _excluded(all_gpus: Sequence[Gpu], chosen: Candidate, unsupported: dict[str,
 
 
 def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: PlanSettings,
-              software: Mapping[str, str], load_packages: AbstractSet[str] = frozenset()) -> Plan:
+              software: Mapping[str, str], load_packages: AbstractSet[str] = frozenset(), *,
+              weight_files: str | None = None) -> Plan:
     """The whole plan. Raises PlanError/UsageError (one sentence, exit 2) when no plan is possible.
 
     load_packages: the import names of LOAD_FORMAT_PACKAGES that are importable where vLLM runs (the edge finds them).
+    weight_files: which weight files the model directory holds (the edge finds them): "safetensors", "pt" (only
+    PyTorch .bin/.pt) or None (not known, e.g. a hub id not downloaded yet; planned as safetensors).
     """
     s = settings
     hidden: list[dict] = []
@@ -594,7 +615,7 @@ def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Pla
     context_floor_problem = min_model_len_problem(model, s)
     if context_floor_problem:
         raise UsageError(context_floor_problem)
-    load_problem = load_format_problem(model, s, load_packages)
+    load_problem = load_format_problem(model, s, load_packages, weight_files)
     if load_problem:
         raise UsageError(load_problem)
     if not gpus:
@@ -644,7 +665,7 @@ def make_plan(gpus: Sequence[Gpu] | Inventory, model: ModelConfig, settings: Pla
         raise PlanError(guard)
     failed_text = {k: str(e).rstrip(".") for k, e in failures.items()}
     excluded = hidden + _excluded(gpus, best, unsupported, failed_text)
-    return _assemble(best, model, s, software, excluded, load_packages)
+    return _assemble(best, model, s, software, excluded, load_packages, weight_files)
 
 
 def min_model_len_problem(model: ModelConfig, s: PlanSettings) -> str | None:
@@ -680,7 +701,7 @@ def _tool_parser(model: ModelConfig) -> str:
 
 
 def _assemble(c: Candidate, model: ModelConfig, s: PlanSettings, software: Mapping[str, str],
-              excluded: list[dict], load_packages: AbstractSet[str]) -> Plan:
+              excluded: list[dict], load_packages: AbstractSet[str], weight_files: str | None = None) -> Plan:
     r, z = c.rules, c.sizing
     gpu = c.gpus[0]
     reasons = [c.tp_reason]
@@ -719,7 +740,7 @@ def _assemble(c: Candidate, model: ModelConfig, s: PlanSettings, software: Mappi
         reasons.append("demo model: --load-format dummy (random weights of the real architecture)"
                        + (", text only (--language-model-only: the vision tower is not built)." if model.has_vision
                           else "."))
-    load_format, load_reason = choose_load_format(model, s, c.tp, c.dp, load_packages)
+    load_format, load_reason = choose_load_format(model, s, c.tp, c.dp, load_packages, weight_files)
     if load_reason:
         reasons.append(load_reason)
     text_only = text_only_plan(model)

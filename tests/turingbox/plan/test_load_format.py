@@ -3,7 +3,9 @@
 auto picks runai_streamer for a real checkpoint at TP=1 where runai_model_streamer is importable (measured fastest,
 session 20), else safetensors with --safetensors-load-strategy prefetch; the demo keeps its dummy weights; a set
 value maps to vLLM's flags, and one whose package is missing is refused in one sentence (exit 2). Whether a package
-is importable is a value the edge passes in (from_settings.load_packages), so each case here names it.
+is importable is a value the edge passes in (from_settings.load_packages), so each case here names it; so is which
+weight files the model directory holds (from_settings.weight_files): with only PyTorch .bin/.pt weights, auto plans
+vLLM's own auto format and a set safetensors-only format is refused.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import sys
 
 import pytest
 
-from tests.support.plan_factory import plan_settings
+from tests.support.plan_factory import plan_from_env, plan_settings
 from tests.turingbox.plan.test_planner import SOFTWARE, fixture, write_model
 from turingbox import config as S
 from turingbox.errors import UsageError
@@ -37,9 +39,9 @@ def models(tmp_path_factory):
             "demo": load_model_config(write_model(root, "qwen-demo", demo=True))}
 
 
-def plan(models, inventory="1xh200", model="awq", packages=NONE, **settings):
+def plan(models, inventory="1xh200", model="awq", packages=NONE, weights=None, **settings):
     return make_plan(read_inventory(fixture(inventory), {}), models[model], plan_settings(settings), SOFTWARE,
-                     packages)
+                     packages, weight_files=weights)
 
 
 def load_args(p) -> list[str]:
@@ -57,6 +59,7 @@ def load_reasons(p) -> list[str]:
 
 
 # ---- the table: (id, inventory, model, packages, settings, (TP, DP), load format, words of its one reason) -------
+# settings may carry "weights": the weight_files fact the edge passes (None, unknown, when absent).
 
 CASES = [
     ("auto-demo", "1xh200", "demo", BOTH, {}, (1, 1), "dummy", None),
@@ -78,6 +81,19 @@ CASES = [
      ["set by"]),
     *[(f"demo-set-{v}", "1xh200", "demo", NONE, {"load_format": v}, (1, 1), "dummy",
        [f"TURINGBOX_LOAD_FORMAT {v} does not apply to the demo model"]) for v in EXPLICIT],
+    # which weight files the directory holds: only .bin/.pt -> vLLM's own auto; safetensors or unknown -> as above
+    ("auto-pt-tp1", "1xh200", "awq", BOTH, {"weights": "pt"}, (1, 1), "auto",
+     ["vLLM's default", "qwen-awq holds no *.safetensors", "PyTorch .bin", "runai_streamer and safetensors cannot"]),
+    ("auto-pt-tp2", "2xh200", "awq", NONE, {"weights": "pt"}, (2, 1), "auto", ["vLLM's default", ".bin"]),
+    ("auto-safetensors-tp1", "1xh200", "awq", RUNAI, {"weights": "safetensors"}, (1, 1), "runai_streamer",
+     ["fastest measured at TP=1"]),
+    ("auto-unknown-tp1", "1xh200", "awq", RUNAI, {"weights": None}, (1, 1), "runai_streamer",
+     ["fastest measured at TP=1"]),
+    ("auto-unknown-no-package", "1xh200", "awq", NONE, {"weights": None}, (1, 1), "safetensors-prefetch",
+     ["not installed"]),
+    ("auto-safetensors-tp2", "2xh200", "awq", BOTH, {"weights": "safetensors"}, (2, 1), "safetensors-prefetch",
+     ["at TP=2"]),
+    ("demo-pt", "1xh200", "demo", BOTH, {"weights": "pt"}, (1, 1), "dummy", None),
 ]
 
 
@@ -85,6 +101,8 @@ CASES = [
 def test_load_format_table(models, case):
     _id, inventory, model, packages, settings, (tp, dp), expected, words = case
     p = plan(models, inventory, model, packages, **settings)
+    if expected == "auto":
+        assert ["--load-format", "auto"] == load_args(p)
     assert (p.tensor_parallel_size, p.data_parallel_size) == (tp, dp)
     assert p.load_format == expected and p.to_dict()["load_format"] == expected
     assert load_args(p) == list(LOAD_FORMAT_ARGS[expected])
@@ -101,12 +119,35 @@ def test_load_format_table(models, case):
 def test_each_value_maps_to_vllms_flags():
     assert LOAD_FORMAT_ARGS == {
         "dummy": ("--load-format", "dummy"),
+        "auto": ("--load-format", "auto"),
         "safetensors": ("--load-format", "safetensors"),
         "safetensors-prefetch": ("--load-format", "safetensors", "--safetensors-load-strategy", "prefetch"),
         "runai_streamer": ("--load-format", "runai_streamer"),
         "fastsafetensors": ("--load-format", "fastsafetensors"),
     }
-    assert set(LOAD_FORMAT_ARGS) == (set(S.LOAD_FORMATS) - {"auto"}) | {"dummy"}
+    assert set(LOAD_FORMAT_ARGS) == set(S.LOAD_FORMATS) | {"dummy"}
+
+
+# ---- (id, set value, packages): a safetensors-only format over a directory of .bin/.pt weights is refused -------
+
+PT_REFUSALS = [
+    *[(f"set-{v}-pt", v, BOTH) for v in EXPLICIT],
+    ("set-runai-pt-no-package", "runai_streamer", NONE),      # the weights are named first: a package would not help
+]
+
+
+@pytest.mark.parametrize("case", PT_REFUSALS, ids=[c[0] for c in PT_REFUSALS])
+def test_a_set_safetensors_format_over_pt_weights_is_refused(models, case):
+    _id, value, packages = case
+    with pytest.raises(UsageError) as info:
+        plan(models, packages=packages, weights="pt", load_format=value)
+    text = str(info.value)
+    assert "\n" not in text and text.endswith(".")
+    assert text.startswith(f"--load-format/TURINGBOX_LOAD_FORMAT {value} reads only *.safetensors files"), text
+    assert f"{models['awq'].path} holds only PyTorch .bin/.pt weights" in text and "set auto" in text
+    # the same setting over safetensors (or unknown) weights plans
+    assert plan(models, packages=BOTH, weights="safetensors", load_format=value).load_format == value
+    assert plan(models, packages=BOTH, load_format=value).load_format == value
 
 
 @pytest.mark.parametrize("value,module,dist", [(v, *LOAD_FORMAT_PACKAGES[v]) for v in sorted(LOAD_FORMAT_PACKAGES)])
@@ -173,6 +214,39 @@ def test_load_packages_are_what_find_spec_finds(monkeypatch):
         raise ValueError(f"{name}.__spec__ is None")
     monkeypatch.setattr(importlib.util, "find_spec", broken)
     assert from_settings.load_packages() == frozenset()
+
+
+@pytest.mark.parametrize("files,expected", [
+    (["model.bin"], "pt"),
+    (["consolidated.pt"], "pt"),
+    (["pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin", "pytorch_model.bin.index.json"], "pt"),
+    (["model.safetensors"], "safetensors"),
+    (["model.safetensors", "pytorch_model.bin"], "safetensors"),
+    (["model-00001-of-00002.safetensors", "model.safetensors.index.json"], "safetensors"),
+    ([], None),
+    (["tokenizer.json", "sub/model.bin", "sub/model.safetensors"], None),     # vLLM looks at the top level only
+])
+def test_weight_files_are_what_the_directory_holds(tmp_path, files, expected):
+    model_dir = write_model(tmp_path, "qwen-awq", awq=True)
+    for name in files:
+        f = tmp_path / "qwen-awq" / name
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"\0")
+    assert from_settings.weight_files(model_dir) == expected
+    assert from_settings.weight_files(str(tmp_path / "absent")) is None
+
+
+def test_plan_from_settings_passes_the_weight_files(tmp_path):
+    """The edge end to end: a local directory with only model.bin plans vLLM's auto; a set prefetch is refused."""
+    model_dir = write_model(tmp_path, "qwen-awq", awq=True)
+    env = {"TURINGBOX_MODEL": model_dir, "TURINGBOX_GPUS_JSON": fixture("1xh200")}
+    assert plan_from_env(env, write_demo=False).load_format in ("runai_streamer", "safetensors-prefetch")
+    (tmp_path / "qwen-awq" / "model.bin").write_bytes(b"\0")
+    p = plan_from_env(env, write_demo=False)
+    assert p.load_format == "auto" and load_args(p) == ["--load-format", "auto"]
+    with pytest.raises(UsageError) as info:
+        plan_from_env({**env, "TURINGBOX_LOAD_FORMAT": "safetensors-prefetch"}, write_demo=False)
+    assert "TURINGBOX_LOAD_FORMAT safetensors-prefetch reads only *.safetensors" in str(info.value)
 
 
 def _cli_plan(model_dir, env):

@@ -256,11 +256,14 @@ def test_every_load_format_is_vllms(vllm_cpu, tmp_path):
     model = load_model_config(write_model(tmp_path, "awq", awq=True))
     packages = frozenset(module for module, _dist in LOAD_FORMAT_PACKAGES.values())
     expected = {"safetensors": ("safetensors", None), "safetensors-prefetch": ("safetensors", "prefetch"),
-                "runai_streamer": ("runai_streamer", None), "fastsafetensors": ("fastsafetensors", None)}
+                "runai_streamer": ("runai_streamer", None), "fastsafetensors": ("fastsafetensors", None),
+                "auto": ("auto", None)}     # planned for a directory of .bin/.pt weights only
     assert set(expected) | {"dummy"} == set(LOAD_FORMAT_ARGS)
     for value, (fmt, strategy) in expected.items():
         plan = make_plan(read_inventory(str(FIXTURES / "1xh200.json"), {}), model,
-                         plan_settings({"load_format": value}), SOFTWARE, packages)
+                         plan_settings({"load_format": value}), SOFTWARE, packages,
+                         weight_files="pt" if value == "auto" else None)
+        assert plan.load_format == value
         vllm_cpu.update(cc=(9, 0), name=plan.gpu_name, total=int(plan.memory.gpu_total_gib * (1 << 30)))
         argv = list(plan.vllm_args)
         ns = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(argv[2:] + ["--model", argv[1]])
