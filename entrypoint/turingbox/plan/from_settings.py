@@ -12,7 +12,7 @@ import importlib.util
 import json
 import os
 from dataclasses import replace
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from turingbox import config
 from turingbox.config import DemoSettings, PlanSettings
@@ -49,9 +49,15 @@ def weight_files(path: str) -> str | None:
     *.safetensors, else "pt" if any *.bin/*.pt (PyTorch weights, which only vLLM's own auto format reads), else None
     (not known: no weights there yet)."""
     try:
-        names = [e.name for e in os.scandir(path) if e.is_file()]
+        return weight_kind(e.name for e in os.scandir(path) if e.is_file())
     except OSError:
         return None
+
+
+def weight_kind(names: Iterable[str]) -> str | None:
+    """The weight_files fact of a checkpoint's top-level file names (a directory's, or a hub listing's paths):
+    "safetensors", "pt" (only PyTorch .bin/.pt) or None (no weights named)."""
+    names = [n for n in names if "/" not in n]
     if any(n.endswith(".safetensors") for n in names):
         return "safetensors"
     if any(n.endswith((".bin", ".pt")) for n in names):
@@ -93,7 +99,8 @@ def _plan_hub(inventory, settings: PlanSettings, demo: DemoSettings, software: d
     except (TypeError, ValueError, KeyError) as exc:
         raise UsageError(f"{settings.model}: its {hub.CONFIG_FILE} has an unexpected value ({exc}).") from None
     plan = make_plan(inventory, model, replace(settings, served_model_name=settings.served_model_name
-                                               or settings.model), software, loaders)
+                                               or settings.model), software, loaders,
+                     weight_files=weight_kind(f.path for f in source.listing.files) if source.listing else None)
     return replace(plan, reasons=(source.note, *plan.reasons))
 
 

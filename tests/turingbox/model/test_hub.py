@@ -273,6 +273,18 @@ def test_plan_plans_from_the_hubs_config_and_writes_nothing(fake, tmp_path):
     assert re.search(rf"\n  served as +{re.escape(MODEL)}\n", r3.stdout), r3.stdout
 
 
+def test_a_hub_model_with_only_pytorch_weights_plans_vllms_own_auto_load_format(fake, tmp_path):
+    """runai_streamer and safetensors read only *.safetensors: the hub's listing says none are there."""
+    fake.add_repo(MODEL, {"config.json": fake.files["config.json"], "pytorch_model.bin": b"\0" * 4096},
+                  lfs=("pytorch_model.bin",))
+    plan = json.loads(plan_cli(tmp_path, fake.url, "--json").stdout)
+    assert plan["load_format"] == "auto"
+    argv = plan["vllm_args"]
+    assert argv[argv.index("--load-format") + 1] == "auto"
+    fake.add_repo(MODEL, fake.files, lfs=("model.safetensors", "pytorch_model.bin"))   # safetensors beside it
+    assert json.loads(plan_cli(tmp_path, fake.url, "--json").stdout)["load_format"] != "auto"
+
+
 def test_plan_offline_with_nothing_in_the_volume_exits_2_with_one_sentence(tmp_path):
     r = plan_cli(tmp_path, None, offline=True)
     assert r.returncode == 2, r.stderr
