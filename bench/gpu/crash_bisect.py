@@ -136,6 +136,7 @@ def main():
     ap.add_argument("--serving-marker", default="", help="touched when the first server is ready")
     ap.add_argument("--repeat", type=int, default=2, help="times the whole set is sent at once")
     ap.add_argument("--seed", type=int, default=15)
+    ap.add_argument("--no-restart", action="store_true", help="after a crash, record it and stop (one candidate)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     a = ap.parse_args()
     plan, cands = json.load(open(a.plan)), json.load(open(a.candidates))
@@ -160,7 +161,8 @@ def main():
     def restart(why: str) -> None:
         result.setdefault("crashes", []).append({"after": why, "log": srv.log, "lines": srv.crash_lines()})
         srv.stop()
-        result["ready_s"].append(srv.start())
+        if not a.no_restart:
+            result["ready_s"].append(srv.start())
 
     for cand in cands:
         t0 = time.time(); status, text = send(srv, cand, a.seed); ok = alive(srv)

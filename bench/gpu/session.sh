@@ -177,6 +177,21 @@ for phase in "$@"; do
                 --plan $R/plan-bisect.json --candidates ${BISECT_CANDIDATES:-bench/gpu/crash_candidates.json} \
                 --mode ${BISECT_MODE:-plain} --gate-log $R/warmup-soakseed.log --gate-done /tmp/session/soakseed.done \
                 --serving-marker /tmp/session/bisect.serving > $R/crash-bisect-${BISECT_MODE:-plain}.txt 2>&1 ;;
+    mintokens) # session 22's soak crash: min_tokens against a structured output that can only end (the grammar
+              # permits only <|im_end|>, min_tokens masks it; under MTP the all -inf row kills the engine). 4-layer demo,
+              # eager: plain vLLM with the plan's argv gets the first candidate alone (expected: the engine dies), then
+              # turingbox serve (the plugin's fix_min_tokens_vs_grammar) gets all of them, one by one and together.
+              [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
+              export TURINGBOX_ENFORCE_EAGER=1 TURINGBOX_GPU_MEMORY_UTILIZATION=0.5
+              CUDA_VISIBLE_DEVICES=$one python3 -m turingbox plan --model /tmp/demo4 --json > $R/plan-mintokens.json
+              python3 -c "import json; json.dump(json.load(open('bench/gpu/min_tokens_candidates.json'))[:1], open('/tmp/mintokens-plain.json', 'w'))"
+              CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 300 python3 bench/gpu/crash_bisect.py --plan $R/plan-mintokens.json \
+                --candidates /tmp/mintokens-plain.json --mode plain --repeat 0 --no-restart --port 8300 --cache /tmp/mt-plain \
+                --ready-limit 240 > $R/mintokens-plain.txt 2>&1
+              CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 300 python3 bench/gpu/crash_bisect.py --plan $R/plan-mintokens.json \
+                --candidates bench/gpu/min_tokens_candidates.json --mode turingbox --repeat 1 --port 8400 \
+                --cache /tmp/mt-tb --ready-limit 240 > $R/mintokens-turingbox.txt 2>&1
+              unset TURINGBOX_ENFORCE_EAGER TURINGBOX_GPU_MEMORY_UTILIZATION ;;
     soakseed) # issue 15: the 64-layer demo's entry at the soak's memory share, filled cold by `warmup --seed-only`
               [ -d /tmp/demo ] || python3 -m turingbox demo-model /tmp/demo
               # SEED_AFTER=bisect: start only once the other lane's server has sized its KV cache
@@ -206,7 +221,7 @@ for phase in "$@"; do
                 ${SOAK_UTIL:+--env TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} "${soak_after[@]}" \
                 --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
                 ${IMPORT_PROFILE:+--env PYTHONPROFILEIMPORTTIME=1 --plain-env PYTHONPROFILEIMPORTTIME=1} \
-                --tb-after="touch /tmp/session/soak64.serving; ${soak_hostile}python3 -m turingbox bench decode --url http://127.0.0.1:\$PROXY_PORT --repeats 3 --max-tokens 256 --json --output \$OUT/bench-decode-soak64.json > \$OUT/bench-decode-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-before.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-before.txt; (for i in 1 2 3 4 5; do sleep 110; curl -s -m 20 http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-mid\$i.txt; done) > /dev/null 2>&1 & python3 bench/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; $(gpu_memory soak64); curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-after.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-after.txt; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)" \
+                --tb-after="touch /tmp/session/soak64.serving; ${soak_hostile}python3 -m turingbox bench decode --url http://127.0.0.1:\$PROXY_PORT --repeats 3 --max-tokens 256 --json --output \$OUT/bench-decode-soak64.json > \$OUT/bench-decode-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-before.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-before.txt; (for i in 1 2 3 4 5; do sleep 110; curl -s -m 20 http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-mid\$i.txt; done) > /dev/null 2>&1 & python3 bench/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; $(gpu_memory soak64); curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-after.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-after.txt; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)"
               touch /tmp/session/soak64.plain-serving
               python3 bench/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
                 > $R/verdict-soak64.txt 2>&1 ;;

@@ -424,6 +424,106 @@ def fix_terminated_grammar() -> str:
     return "applied"
 
 
+# vLLM 0.21.0's MinTokensLogitsProcessor (vllm/v1/sample/logits_processor/builtin.py): a request short of its
+# min_tokens gets its stop tokens set to -inf, whatever else its row still permits.
+MIN_TOKENS_MASKS = "logits.index_put_(self.logits_slice, self.neg_inf_tensor)"
+MIN_TOKENS_MASKS_DRAFTS = "logits.index_put_(logits_slice, self.neg_inf_tensor)"
+
+
+def fix_min_tokens_vs_grammar() -> str:
+    """A row that min_tokens leaves with no token keeps its stop tokens (vllm#53665, worse with MTP).
+
+    A structured output that is complete permits only the end of the sequence: after `{"a": 1}` a json_object
+    grammar allows `<|im_end|>` alone. With `min_tokens` not yet reached, vLLM 0.21 also masks that token, and the
+    row is all -inf. Without speculative decoding the sampler then draws id 0, xgrammar rejects it and the request
+    ends as an internal error; with MTP the rejection sampler turns the row's NaNs into the id `vocab_size`, which
+    the next forward embeds: a device-side assert that kills the engine and every request on it (session 22's soak
+    on an H100, 144 s in: a chat request with `response_format: json_object`, `min_tokens` 25, `n` 2). The same
+    holds for allowed_token_ids or bad_words that leave only stop tokens, which are applied before min_tokens.
+    Here min_tokens yields: where its mask leaves a row with nothing, the row gets its stop tokens' values back,
+    and `fix_stop_before_min_tokens` ends the request on that token. No host sync: the stop-token columns are cached
+    on the device, the rest are tensor ops.
+    """
+    import torch
+    from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor as processor
+
+    if getattr(processor, "_turingbox_min_tokens", False):
+        return "applied"
+    if not (_unchanged(processor.apply, MIN_TOKENS_MASKS)
+            and _unchanged(processor.apply_with_spec_decode, MIN_TOKENS_MASKS_DRAFTS)):
+        return "skipped: MinTokensLogitsProcessor is not vLLM 0.21.0's"
+
+    def stop_columns(self: Any, device: Any) -> Any:
+        ids = tuple(sorted({t for _, _, stops in self.min_toks.values() for t in stops}))
+        cached = getattr(self, "_turingbox_stop_columns", None)
+        if cached is None or cached[0] != ids or cached[1].device != device:
+            cached = (ids, torch.tensor(ids, dtype=torch.long).to(device, non_blocking=True))
+            self._turingbox_stop_columns = cached
+        return cached[1]
+
+    def keeping_stop_tokens(original: Callable) -> Callable:
+        @functools.wraps(original)
+        def apply(self: Any, logits: Any, *args: Any, **kwargs: Any) -> Any:
+            if not self.min_toks:
+                return original(self, logits, *args, **kwargs)
+            columns = stop_columns(self, logits.device)
+            if columns.numel() == 0:
+                return original(self, logits, *args, **kwargs)
+            before = logits.index_select(1, columns)
+            logits = original(self, logits, *args, **kwargs)
+            nothing_left = torch.isneginf(logits).all(dim=-1, keepdim=True)
+            logits.index_copy_(1, columns, torch.where(nothing_left, before, logits.index_select(1, columns)))
+            return logits
+        return apply
+
+    processor.apply = keeping_stop_tokens(processor.apply)
+    processor.apply_with_spec_decode = keeping_stop_tokens(processor.apply_with_spec_decode)
+    processor._turingbox_min_tokens = True
+    return "applied"
+
+
+# vLLM 0.21.0's check_stop (vllm/v1/core/sched/utils.py): no stop before min_tokens, whatever was sampled.
+CHECK_STOP_MIN_TOKENS_FIRST = """    if request.num_output_tokens < sampling_params.min_tokens:
+        return False"""
+
+
+def fix_stop_before_min_tokens() -> str:
+    """A stop token sampled before min_tokens ends the request (finish_reason "stop"): it was only sampleable
+    because nothing else was (`fix_min_tokens_vs_grammar`), e.g. a complete json_object. vLLM 0.21 would go on,
+    and, the grammar having ended, generate unconstrained text after the JSON until min_tokens. Applied where the
+    scheduler runs (the engine core); the scheduler module imported the name, so it is replaced there too.
+    """
+    from vllm.v1.core.sched import utils
+    from vllm.v1.request import RequestStatus
+
+    original = utils.check_stop
+    if getattr(original, "_turingbox_min_tokens", False):
+        return "applied"
+    if not _unchanged(original, CHECK_STOP_MIN_TOKENS_FIRST):
+        return "skipped: check_stop is not vLLM 0.21.0's"
+
+    @functools.wraps(original)
+    def check_stop(request: Any, max_model_len: int) -> bool:
+        params = request.sampling_params
+        if params is not None and request.num_output_tokens < params.min_tokens and request.output_token_ids:
+            last = request.output_token_ids[-1]
+            if last == params.eos_token_id:
+                request.status = RequestStatus.FINISHED_STOPPED
+                return True
+            if last in (params.stop_token_ids or ()):
+                request.status = RequestStatus.FINISHED_STOPPED
+                request.stop_reason = last
+                return True
+        return original(request, max_model_len)
+
+    check_stop._turingbox_min_tokens = True          # type: ignore[attr-defined]
+    utils.check_stop = check_stop
+    scheduler = sys.modules.get("vllm.v1.core.sched.scheduler")
+    if scheduler is not None and getattr(scheduler, "check_stop", None) is original:
+        scheduler.check_stop = check_stop
+    return "applied"
+
+
 # vLLM 0.21.0's GPUModelRunner._get_prompt_logprobs_dict: one request's whole scheduled chunk at once.
 PROMPT_LOGITS_WHOLE_CHUNK = "logits = self.model.compute_logits(prompt_hidden_states)"
 PROMPT_LOGPROBS_WHOLE_CHUNK = "logprobs = self.sampler.compute_logprobs(logits)"
@@ -682,6 +782,7 @@ def _hook_engine_start() -> None:
 REGISTER_FIXES: dict[str, Callable[[], str]] = {"allowed_vs_grammar": fix_allowed_vs_grammar,
                                                 "text_only_model_import": skip_text_only_model_import,
                                                 "terminated_grammar": fix_terminated_grammar,
+                                                "stop_before_min_tokens": fix_stop_before_min_tokens,
                                                 "tokenizer_pool_after_engine_start": defer_tokenizer_pool}
 
 
@@ -691,6 +792,7 @@ def apply_at_register() -> dict[str, str]:
 
 
 FIXES: dict[str, Callable[[], str]] = {"mask_rows": fix_mask_rows, "logprobs_ids": fix_logprobs_ids,
+                                       "min_tokens_vs_grammar": fix_min_tokens_vs_grammar,
                                        "prompt_logprobs_slices": fix_prompt_logprobs_slices,
                                        "compile_key_locations": fix_compile_key_locations}
 
