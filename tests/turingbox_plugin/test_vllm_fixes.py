@@ -35,7 +35,7 @@ def test_vllm_0_21_has_the_faults_the_fixes_correct():
 def test_fixes_keep_masks_with_their_requests_and_the_gather_in_range():
     out = run("patched")
     assert out["applied"] == {"mask_rows": "applied", "logprobs_ids": "applied",
-                             "prompt_logprobs_slices": "applied",
+                             "min_tokens_vs_grammar": "applied", "prompt_logprobs_slices": "applied",
                              "compile_key_locations": "applied"} == out["applied_again"]
     assert out["recycled_row"] == V and out["moved_row"] == 5
     assert out["swapped"] == {"x": 5, "y": V}
