@@ -261,9 +261,11 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(0.02)  # behaviour: long enough for a pooled client to write its next request into it
             self.close_connection = True
 
-    def _refusal(self, body: dict) -> tuple[int, str] | None:
+    def _refusal(self, body: dict, path: str = "") -> tuple[int, str] | None:
         """vLLM's own 400s for what the fake can check: spec-decode parameters, prompt length."""
-        if O["speculative"] and ((body.get("min_p") or 0) > 1e-5 or body.get("logit_bias")):
+        # vLLM's ResponsesRequest has no min_p field: one sent there never reaches SamplingParams
+        min_p = 0 if path.endswith("/responses") else (body.get("min_p") or 0)
+        if O["speculative"] and (min_p > 1e-5 or body.get("logit_bias")):
             return 400, SPEC_DECODE_REFUSAL
         prompt = body.get("prompt")
         if prompt is None:
@@ -387,7 +389,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if grammar and float(O["structured-delay"]):
             time.sleep(float(O["structured-delay"]))  # behaviour: a grammar that takes this long to compile
-        refused = self._refusal(body)
+        refused = self._refusal(body, path)
         if refused is not None and body.get("stream") and refused[1] == SPEC_DECODE_REFUSAL:
             # vLLM validates sampling parameters inside a stream's generator: 200, then one error event.
             event("request", id=0, path=path, refused=refused[0], stream=True)

@@ -31,10 +31,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from turingbox import config as S
+from turingbox.serve.errors import spec_remedy
 
 ADMISSION_SETTINGS = ("max_n", "max_tokens", "default_max_tokens", "max_total_tokens", "max_concurrent_requests",
                       "max_concurrent_per_key", "request_timeout_seconds")
-REASONS = ("n", "max_tokens", "total_tokens", "concurrency", "per_key", "timeout")   # the metric's labels
+REASONS = ("n", "max_tokens", "total_tokens", "speculative_decoding", "concurrency", "per_key", "timeout")  # labels
 ROUTES = ("chat/completions", "completions", "responses")                           # bodies admit() reads
 
 # Qwen3 model cards: "We recommend using an output length of 32,768 tokens for most queries". Less cuts a
@@ -67,16 +68,19 @@ class Limits:
     request_timeout_seconds: float   # 0: no limit
     max_model_len: int               # the plan's, for the default's fit
     from_plan: tuple[str, ...] = ()  # the settings left unset, so taken from the plan
+    spec_tokens: int = 0             # the plan's MTP draft tokens: vLLM refuses spec_refused while they are on
+    spec_refused: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["from_plan"] = list(self.from_plan)
+        d["spec_refused"] = list(self.spec_refused)
         d["variables"] = {name: env_name(name) for name in ADMISSION_SETTINGS}
         return d
 
 
 def limits_for(values: Mapping[str, Any], max_num_seqs: int, max_model_len: int,
-               data_parallel_size: int = 1) -> Limits:
+               data_parallel_size: int = 1, spec_tokens: int = 0, spec_refused: tuple[str, ...] = ()) -> Limits:
     """The limits from the resolved serve settings (None: unset) and the plan's numbers."""
     unset = tuple(name for name in ADMISSION_SETTINGS if values.get(name) is None)
 
@@ -96,7 +100,7 @@ def limits_for(values: Mapping[str, Any], max_num_seqs: int, max_model_len: int,
     per_key = pick("max_concurrent_per_key", overall)
     timeout = pick("request_timeout_seconds", 0.0)
     return Limits(int(max_n), int(ceiling), int(default), int(total), int(overall), int(per_key), float(timeout),
-                  int(max_model_len), unset)
+                  int(max_model_len), unset, int(spec_tokens), tuple(spec_refused) if spec_tokens else ())
 
 
 def limits_from_plan(values: Mapping[str, Any], plan: Mapping[str, Any] | None) -> Limits | None:
@@ -104,7 +108,8 @@ def limits_from_plan(values: Mapping[str, Any], plan: Mapping[str, Any] | None) 
     if not plan or not plan.get("max_num_seqs") or not plan.get("max_model_len"):
         return None
     return limits_for(values, int(plan["max_num_seqs"]), int(plan["max_model_len"]),
-                      int(plan.get("data_parallel_size") or 1))
+                      int(plan.get("data_parallel_size") or 1), int(plan.get("num_speculative_tokens") or 0),
+                      tuple(plan.get("mtp_refused_parameters") or ()))
 
 
 def settings_of(options: Any) -> dict[str, Any]:
@@ -242,10 +247,31 @@ class Admission:
     inserted: int | None = None        # the default max_tokens written into it, if any
 
 
+# vLLM 0.21's refusal under speculative decoding (sampling_params.py _validate_spec_decode): min_p above its epsilon
+# or a non-empty logit_bias. The fields each route's request model hands to SamplingParams (the responses API has no
+# min_p: vLLM ignores one sent there).
+SPEC_DECODE_REFUSAL = "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
+_SAMPLING_EPS = 1e-5
+_SPEC_FIELDS = {"chat/completions": ("min_p", "logit_bias"), "completions": ("min_p", "logit_bias"),
+                "responses": ("logit_bias",)}
+
+
+def _spec_refused(name: str, value: Any) -> bool:
+    if name == "min_p":     # out of [0, 1] or not a number: vLLM's own range check answers first
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and _SAMPLING_EPS < value <= 1
+    return isinstance(value, dict) and bool(value)
+
+
 def admit(limits: Limits, route: str, raw: bytes, body: Any) -> Admission:
     """Check one parsed request body; the body to forward (default max_tokens added) or a 400 refusal."""
     if route not in ROUTES or not isinstance(body, dict):
         return Admission(body=raw)             # not a generation request, or not JSON: vLLM answers it
+    # vLLM refuses these too, but a stream only after its 200, as an error event: refused here, before either.
+    for name in _SPEC_FIELDS[route] if limits.spec_tokens else ():
+        if name in limits.spec_refused and _spec_refused(name, body.get(name)):
+            remedy = spec_remedy({"num_speculative_tokens": limits.spec_tokens,
+                                  "mtp_refused_parameters": list(limits.spec_refused)}).decode()
+            return Admission(Refusal(400, "speculative_decoding", SPEC_DECODE_REFUSAL + remedy, name))
     # Parallel samples of one prompt: n (beam search: the beam width), best_of (vLLM 0.21 dropped it from its
     # requests, but an older client may send it and a future vLLM may read it again).
     for name in ("n", "best_of"):

@@ -1,8 +1,8 @@
 """The proxy after vLLM answers with an error: real serve process, real fake-vLLM process.
 
-vLLM 0.21's uvicorn drops a connection a few ms after an error raised inside its app (400 for
-min_p/logit_bias with speculative decoding, a prompt over max_model_len), without `Connection:
-close`. The fake does the same (close-after-error, its default). A pooled proxy that reuses such a
+vLLM 0.21's uvicorn drops a connection a few ms after an error raised inside its app (a 400 for a prompt over
+max_model_len, or for min_p/logit_bias with speculative decoding, which the sidecar now refuses itself), without
+`Connection: close`. The fake does the same (close-after-error, its default). A pooled proxy that reuses such a
 connection answers the next user's request with 502 (seen on the GPU: 20 of 20 pairs).
 """
 from __future__ import annotations
@@ -15,10 +15,10 @@ from tests.support.sidecar_harness import Serve
 
 pytestmark = pytest.mark.timeout(90)
 
-BAD_BODIES = [
-    {"model": "m", "prompt": "hello", "max_tokens": 2, "min_p": 0.1},
-    {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "logit_bias": {"11": 5}},
-    {"model": "m", "prompt": "word " * 5000, "max_tokens": 2},       # over the fake's max_model_len
+BAD_BODIES = [     # each reaches vLLM (the stand-in) and gets its 400: over the stand-in's max_model_len
+    {"model": "m", "prompt": "hello " * 4500, "max_tokens": 2},
+    {"model": "m", "messages": [{"role": "user", "content": "hi " * 4200}], "max_tokens": 2},
+    {"model": "m", "prompt": "word " * 5000, "max_tokens": 2},
 ]
 
 
@@ -66,13 +66,37 @@ def test_concurrent_errors_and_good_requests(server):
     assert codes.count(200) == 40
 
 
+def refused_for_spec(server) -> float:
+    line = [ln for ln in server.metrics().splitlines()
+            if ln.startswith('turingbox_admission_refused_total{reason="speculative_decoding"}')]
+    return float(line[0].split()[-1])
+
+
 def test_spec_decode_refusal_names_the_remedy(server):
-    r = server.client.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 2, "min_p": 0.05})
-    assert r.status_code == 400                            # vLLM's status, unchanged
-    err = r.json()["error"]
-    assert err["message"].startswith("The min_p and logit_bias sampling parameters are not yet supported")
-    assert "TURINGBOX_MTP=0" in err["message"]
-    assert int(r.headers["content-length"]) == len(r.content)
+    """vLLM's refusal under MTP, given by the sidecar before vLLM sees the request: vLLM's sentence and status, the
+    parameter named, the remedy appended, counted."""
+    before_upstream, before = len(server.events("request")), refused_for_spec(server)
+    for path, body, param in (
+            ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2, "min_p": 0.05}, "min_p"),
+            ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                      "max_tokens": 2, "logit_bias": {"11": 5}}, "logit_bias"),
+            ("/v1/responses", {"model": "m", "input": "hi", "max_output_tokens": 2, "logit_bias": {"11": 5}},
+             "logit_bias")):
+        r = server.client.post(path, json=body)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["message"].startswith("The min_p and logit_bias sampling parameters are not yet supported")
+        assert "TURINGBOX_MTP=0" in err["message"] and err["param"] == param and err["code"] == 400
+        assert int(r.headers["content-length"]) == len(r.content)
+    assert refused_for_spec(server) == before + 3
+    assert len(server.events("request")) == before_upstream, "a refused request reached vLLM"
+    # What vLLM itself lets through is not refused: min_p 0 (its default), an empty logit_bias, min_p on the responses
+    # API (not one of its fields), and min_p out of range goes to vLLM's own range check.
+    for path, body in (("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2, "min_p": 0}),
+                       ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2, "logit_bias": {}}),
+                       ("/v1/responses", {"model": "m", "input": "hi", "max_output_tokens": 2, "min_p": 0.5})):
+        assert server.client.post(path, json=body).status_code == 200, body
+    assert refused_for_spec(server) == before + 3
     # Other errors pass through untouched.
     r = server.client.post("/v1/completions", json={"model": "m", "prompt": "word " * 5000, "max_tokens": 2})
     assert r.status_code == 400 and "TURINGBOX_MTP" not in r.text
@@ -91,15 +115,15 @@ def test_pooled_connection_closed_under_the_proxy_is_retried(serve_factory):
     assert 'turingbox_upstream_errors_total{kind="retried"}' in s.metrics()
 
 
-def test_spec_decode_refusal_in_a_stream_names_the_remedy(server):
-    """With stream=true vLLM answers 200 and refuses in the first SSE event."""
+def test_spec_decode_refusal_of_a_stream_comes_before_it(server):
+    """With stream=true vLLM answers 200 and refuses in the first SSE event (session 22's soak: 6 such streams);
+    the sidecar answers 400 before any stream starts."""
     r = server.client.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 2, "min_p": 0.05,
                                                     "stream": True})
-    assert r.status_code == 200
-    first = r.text.split("\n\n")[0]
-    assert first.startswith("data: ")
-    err = json.loads(first[len("data: "):])["error"]
+    assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
+    err = json.loads(r.text)["error"]
     assert err["message"].startswith("The min_p and logit_bias") and "TURINGBOX_MTP=0" in err["message"]
+    assert err["param"] == "min_p"
 
 
 def test_large_error_body_passes_whole(server):
