@@ -263,9 +263,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _refusal(self, body: dict, path: str = "") -> tuple[int, str] | None:
         """vLLM's own 400s for what the fake can check: spec-decode parameters, prompt length."""
-        # vLLM's ResponsesRequest has no min_p field: one sent there never reaches SamplingParams
-        min_p = 0 if path.endswith("/responses") else (body.get("min_p") or 0)
-        if O["speculative"] and (min_p > 1e-5 or body.get("logit_bias")):
+        # vLLM's ResponsesRequest has no min_p field: one sent there never reaches SamplingParams; greedy sampling
+        # sets min_p to 0 (SamplingParams.__post_init__); beam search samples with parameters of its own
+        greedy = isinstance(body.get("temperature"), (int, float)) and body["temperature"] < 1e-5
+        min_p = 0 if path.endswith("/responses") or greedy else (body.get("min_p") or 0)
+        if O["speculative"] and not body.get("use_beam_search") and (min_p > 1e-5 or body.get("logit_bias")):
             return 400, SPEC_DECODE_REFUSAL
         prompt = body.get("prompt")
         if prompt is None:

@@ -256,9 +256,19 @@ _SPEC_FIELDS = {"chat/completions": ("min_p", "logit_bias"), "completions": ("mi
                 "responses": ("logit_bias",)}
 
 
-def _spec_refused(name: str, value: Any) -> bool:
-    if name == "min_p":     # out of [0, 1] or not a number: vLLM's own range check answers first
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and _SAMPLING_EPS < value <= 1
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _spec_refused(name: str, body: dict) -> bool:
+    if body.get("use_beam_search"):    # beam search samples with parameters of its own: neither field reaches it
+        return False
+    value = body.get(name)
+    if name == "min_p":
+        # greedy: vLLM sets min_p to 0 and serves it; out of [0, 1] or not a number: vLLM's own check answers first
+        temperature = body.get("temperature")
+        greedy = _number(temperature) and temperature < _SAMPLING_EPS
+        return _number(value) and _SAMPLING_EPS < value <= 1 and not greedy
     return isinstance(value, dict) and bool(value)
 
 
@@ -268,7 +278,7 @@ def admit(limits: Limits, route: str, raw: bytes, body: Any) -> Admission:
         return Admission(body=raw)             # not a generation request, or not JSON: vLLM answers it
     # vLLM refuses these too, but a stream only after its 200, as an error event: refused here, before either.
     for name in _SPEC_FIELDS[route] if limits.spec_tokens else ():
-        if name in limits.spec_refused and _spec_refused(name, body.get(name)):
+        if name in limits.spec_refused and _spec_refused(name, body):
             remedy = spec_remedy({"num_speculative_tokens": limits.spec_tokens,
                                   "mtp_refused_parameters": list(limits.spec_refused)}).decode()
             return Admission(Refusal(400, "speculative_decoding", SPEC_DECODE_REFUSAL + remedy, name))

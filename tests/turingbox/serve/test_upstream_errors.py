@@ -90,9 +90,14 @@ def test_spec_decode_refusal_names_the_remedy(server):
         assert int(r.headers["content-length"]) == len(r.content)
     assert refused_for_spec(server) == before + 3
     assert len(server.events("request")) == before_upstream, "a refused request reached vLLM"
-    # What vLLM itself lets through is not refused: min_p 0 (its default), an empty logit_bias, min_p on the responses
-    # API (not one of its fields), and min_p out of range goes to vLLM's own range check.
+    # What vLLM itself lets through is not refused: min_p 0 (its default), min_p with greedy sampling (vLLM sets it
+    # to 0), either with beam search (its own parameters), an empty logit_bias, min_p on the responses API (not one
+    # of its fields).
     for path, body in (("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2, "min_p": 0}),
+                       ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2, "min_p": 0.2,
+                                            "temperature": 0}),
+                       ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2, "min_p": 0.2,
+                                            "logit_bias": {"11": 5}, "use_beam_search": True}),
                        ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2, "logit_bias": {}}),
                        ("/v1/responses", {"model": "m", "input": "hi", "max_output_tokens": 2, "min_p": 0.5})):
         assert server.client.post(path, json=body).status_code == 200, body
