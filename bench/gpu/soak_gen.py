@@ -344,8 +344,10 @@ class SoakGen:
     BREAK_RATE = {"chat": 0.1, "completions": 0.1, "responses": 0.2, "tokenize": 0.25}
 
     def __init__(self, seed: int, model: str, max_model_len: int, mtp: bool = True,
-                 calib: Calibration | None = None, long_output_weight: float = 1.0, legacy: bool = False) -> None:
+                 calib: Calibration | None = None, long_output_weight: float = 1.0, legacy: bool = False,
+                 max_n: int | None = None) -> None:
         self.seed = seed
+        self.max_n = max_n      # turingbox's admission limit on n / best_of / the beam width (None: not known)
         self.legacy = legacy
         self.model = model
         self.max_model_len = int(max_model_len)
@@ -568,6 +570,8 @@ class SoakGen:
             fam.append("beam")
             if r.random() < 0.5:
                 b["length_penalty"] = round(r.uniform(0.5, 1.5), 2)
+        if self.max_n is not None and max(b.get("n", 1), b.get("best_of", 1)) > self.max_n:
+            fam += ["must_fail", "fail:max_n"]      # the sidecar's 400 (TURINGBOX_MAX_N); plain vLLM serves it
         if r.random() < 0.2:
             b["top_p"] = round(r.uniform(0.05, 1.0), 3)
             fam.append("top_p")

@@ -147,7 +147,10 @@ def test_short_soak_through_the_sidecar_then_replay(tmp_path):
         import soak
         n4 = sum(1 for r in recs if 400 <= (r.get("status") or 0) < 500)
         n_streamed = sum(1 for r in recs if r.get("group") != "calibrate" and soak.outcome(r) == "200+error")
-        assert n4 > 0 and n_streamed > 0                      # refusals come as 4xx and, in streams, as error events
+        assert n4 > 0                                         # refusals come as 4xx, or in streams as error events
+        # min_p/logit_bias under MTP: the sidecar's 400 before a stream starts (vLLM's would come after its 200)
+        assert any(r["body"] and r["body"].get("stream") and r.get("status") == 400
+                   and "speculative decoding" in (r.get("error") or "") for r in recs)
         assert cmp_["n_4xx"] == n4 + n_streamed and cmp_["n_sample"] == 30
         # the stand-in answers 200 where turingbox's admission refuses (prompt + max_tokens over max_model_len,
         # which vLLM 0.21 refuses too): those are turingbox's own refusals; any other difference fails
@@ -509,3 +512,20 @@ def test_soak_reads_responses_streams_and_tokenize_as_vllm_sends_them():
     assert summary["ok"] is False and summary["responses_streams_broken_expected_ok"] == [4]
     assert summary["by_endpoint"] == {"responses": {"200": 2, "200+error": 2}, "tokenize": {"200": 1}}
     assert soak.summarize([{**base, **r} for r in (streamed, refused)], [{"t": 0, "total": 0.0}] * 2, {})["ok"]
+
+
+def test_n_above_the_sidecars_limit_is_expected_to_fail():
+    """Session 22's H100 plan ran max_num_seqs 2, so TURINGBOX_MAX_N was 2: the soak's n=3/4 draws got the sidecar's
+    400 and counted as unexpected. Told the limit, the generator expects them to fail, and draws the same bodies."""
+    def drawn(max_n):
+        gen = G.SoakGen(15, "demo", MML, mtp=True, max_n=max_n)
+        reqs: list[G.Req] = []
+        while len(reqs) < 1500:
+            reqs += gen.group().reqs
+        return reqs
+    told, unknown = drawn(2), drawn(None)
+    assert [r.body for r in told] == [r.body for r in unknown]
+    over = [r for r in told if max(r.body.get("n", 1), r.body.get("best_of", 1)) > 2]
+    assert over and all("fail:max_n" in r.families and r.expect.startswith("fail:") for r in over)
+    assert not any("fail:max_n" in r.families for r in unknown)
+    assert not any("fail:max_n" in r.families for r in told if r not in over)
