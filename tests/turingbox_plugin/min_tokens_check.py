@@ -25,6 +25,8 @@ from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend  # noqa: 
 
 from turingbox_plugin import vllm_fixes  # noqa: E402
 
+from vllm.v1.core.sched import scheduler as vllm_scheduler  # noqa: E402  (imported first, as an engine core may)
+
 out = {}
 if mode == "moved":
     vllm_fixes.MIN_TOKENS_MASKS = "logits.index_put_(self.moved_slice, self.neg_inf_tensor)"
@@ -96,5 +98,7 @@ done = Request("d", [1, 2, 3], SamplingParams(max_tokens=8, min_tokens=2), None)
 done.sampling_params.update_from_generation_config({}, EOS)
 done.append_output_token_ids([body[0], body[1], EOS])
 out["after_min_stopped"] = sched_utils.check_stop(done, 262144)
+out["scheduler_uses_fix"] = vllm_scheduler.check_stop is sched_utils.check_stop \
+    and getattr(vllm_scheduler.check_stop, "_turingbox_min_tokens", False)
 out["cuda_initialised"] = torch.cuda.is_initialized()
 print(json.dumps(out))

@@ -57,6 +57,7 @@ def test_min_tokens_yields_to_a_grammar_that_can_only_end(run):
     assert out["stopped"] is True and out["status"] == "FINISHED_STOPPED" and out["finished"]
     assert out["other_stopped"] is False                   # any other token before min_tokens: vLLM's rule
     assert out["after_min_stopped"] is True
+    assert out["scheduler_uses_fix"] is True                # the name the scheduler imported is replaced too
     assert out["cuda_initialised"] is False
 
 
@@ -64,4 +65,4 @@ def test_the_fixes_step_aside_when_vllms_code_moved(run):
     out = run("moved")
     assert out["applied"] == ["skipped: MinTokensLogitsProcessor is not vLLM 0.21.0's",
                               "skipped: check_stop is not vLLM 0.21.0's"]
-    assert out["apply_finite"] == [] and out["stopped"] is False
+    assert out["apply_finite"] == [] and out["stopped"] is False and out["scheduler_uses_fix"] is False
