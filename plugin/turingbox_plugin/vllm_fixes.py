@@ -125,6 +125,43 @@ def fix_logprobs_ids() -> str:
     return "applied"
 
 
+# vLLM 0.21.0's RejectionSampler.forward: the kernel's output ids go on unchecked (to the next step's input and the
+# drafter's).
+FORWARD_CALLS_REJECTION_SAMPLE = "output_token_ids = rejection_sample("
+
+
+def fix_out_of_vocab_ids() -> str:
+    """An id past the vocabulary never leaves MTP's rejection sampler: it becomes 0, the id vLLM samples from an
+    all -inf row without speculative decoding.
+
+    Whatever leaves a row with no token (a grammar beside allowed_token_ids or bad_words mid-output; min_tokens is
+    handled by fix_min_tokens_vs_grammar), the rejection sampler's Triton kernel turns its NaNs into the id
+    `vocab_size` (vllm#44744, #45060). `parse_output` drops it from the answer, but the next forward embeds it as the
+    request's input, and the drafter's: a device-side assert that ends every request on the engine. As id 0 the
+    request fares as it would without MTP (its grammar, if any, rejects the token and ends that request alone). One
+    masked_fill on the [batch, drafts + 1] ids, no host sync; the logprobs gather then reads id 0 (fix_logprobs_ids
+    stays for ids from elsewhere).
+    """
+    from vllm.v1.sample import rejection_sampler
+
+    if getattr(rejection_sampler.rejection_sample, "_turingbox_vocab", False):
+        return "applied"
+    if not _unchanged(rejection_sampler.RejectionSampler.forward, FORWARD_CALLS_REJECTION_SAMPLE):
+        return "skipped: RejectionSampler.forward is not vLLM 0.21.0's"
+    original = rejection_sampler.rejection_sample
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def rejection_sample(*args: Any, **kwargs: Any) -> Any:
+        ids = original(*args, **kwargs)
+        vocab = signature.bind(*args, **kwargs).arguments["target_logits"].shape[-1]
+        return ids.masked_fill_(ids >= vocab, 0)
+
+    rejection_sample._turingbox_vocab = True         # type: ignore[attr-defined]
+    rejection_sampler.rejection_sample = rejection_sample
+    return "applied"
+
+
 # The validation the next fix extends, and the engine's grammar compile it reuses, verbatim from vLLM 0.21.0
 # (vllm/sampling_params.py SamplingParams.verify, vllm/v1/structured_output/backend_xgrammar.py).
 VERIFY_VALIDATES_STRUCTURED = "self._validate_structured_outputs(structured_outputs_config, tokenizer)"
@@ -792,6 +829,7 @@ def apply_at_register() -> dict[str, str]:
 
 
 FIXES: dict[str, Callable[[], str]] = {"mask_rows": fix_mask_rows, "logprobs_ids": fix_logprobs_ids,
+                                       "out_of_vocab_ids": fix_out_of_vocab_ids,
                                        "min_tokens_vs_grammar": fix_min_tokens_vs_grammar,
                                        "prompt_logprobs_slices": fix_prompt_logprobs_slices,
                                        "compile_key_locations": fix_compile_key_locations}

@@ -30,13 +30,16 @@ def test_vllm_0_21_has_the_faults_the_fixes_correct():
     assert out["recycled_row"] == 5             # a new request inherited a finished request's 5-token mask
     assert out["swapped"] != {"x": 5, "y": V}   # after a swap the masks no longer follow their requests
     assert out["gather"]["ok"] is False         # an id == vocab size fails the logprobs gather
+    assert out["sampled_ids"] == [[5, V, -1]]    # and goes on to the next step's input
+    assert out["kernel_signature_same"] is True
 
 
 def test_fixes_keep_masks_with_their_requests_and_the_gather_in_range():
     out = run("patched")
-    assert out["applied"] == {"mask_rows": "applied", "logprobs_ids": "applied",
+    assert out["applied"] == {"mask_rows": "applied", "logprobs_ids": "applied", "out_of_vocab_ids": "applied",
                              "min_tokens_vs_grammar": "applied", "prompt_logprobs_slices": "applied",
                              "compile_key_locations": "applied"} == out["applied_again"]
     assert out["recycled_row"] == V and out["moved_row"] == 5
     assert out["swapped"] == {"x": 5, "y": V}
     assert out["gather"] == {"ok": True, "max_id": 3, "sampled_after": [[8, 3]]}   # the output ids untouched
+    assert out["sampled_ids"] == [[5, 0, -1]]    # past the vocabulary: 0, as without MTP; drafts and -1 untouched

@@ -13,6 +13,20 @@ import torch  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch  # noqa: E402
 
+# MTP's rejection sampler is a Triton kernel (GPU only): a CPU stand-in with its signature gives what it gives for an
+# all -inf row, the id vocab_size, beside an accepted draft and a placeholder (-1)
+from vllm.v1.sample import rejection_sampler as _rs  # noqa: E402
+_kernel = _rs.rejection_sample
+
+
+def _stand_in(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+              bonus_token_ids, sampling_metadata, synthetic_mode=False, synthetic_conditional_rates=None):
+    return torch.tensor([[5, target_logits.shape[-1], -1]])
+
+
+_stand_in.__wrapped__ = _kernel     # inspect.signature follows it: the stand-in is checked against the real one
+_rs.rejection_sample = _stand_in
+
 if patched:
     from turingbox_plugin.vllm_fixes import apply_all
     applied = apply_all()
@@ -84,4 +98,11 @@ try:
     out["gather"] = {"ok": True, "max_id": seen["max_id"], "sampled_after": sampled.tolist()}
 except (RuntimeError, IndexError) as exc:
     out["gather"] = {"ok": False, "error": str(exc)[:200]}
+# the ids the rejection sampler hands the next step (RejectionSampler.forward calls the module's name)
+import inspect  # noqa: E402
+out["kernel_signature_same"] = list(inspect.signature(_kernel).parameters) == \
+    list(inspect.signature(_stand_in, follow_wrapped=False).parameters)
+ids = _rs.rejection_sample(torch.tensor([5, 7]), [2], 2, torch.tensor([2]), None, torch.zeros(2, V),
+                           torch.tensor([[1]]), None)
+out["sampled_ids"] = ids.tolist()
 print(json.dumps(out))
