@@ -180,7 +180,9 @@ for phase in "$@"; do
     mintokens) # session 22's soak crash: min_tokens against a structured output that can only end (the grammar
               # permits only <|im_end|>, min_tokens masks it; under MTP the all -inf row kills the engine). 4-layer demo,
               # eager: plain vLLM with the plan's argv gets the first candidate alone (expected: the engine dies), then
-              # turingbox serve (the plugin's fix_min_tokens_vs_grammar) gets all of them, one by one and together.
+              # turingbox serve (the plugin's fix_min_tokens_vs_grammar and fix_out_of_vocab_ids) gets all of them, one
+              # by one and together; the last (allowed_token_ids [90], "{", with a json_object) empties its row at the
+              # second token without min_tokens.
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
               export TURINGBOX_ENFORCE_EAGER=1 TURINGBOX_GPU_MEMORY_UTILIZATION=0.5
               CUDA_VISIBLE_DEVICES=$one python3 -m turingbox plan --model /tmp/demo4 --json > $R/plan-mintokens.json
