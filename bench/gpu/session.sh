@@ -16,6 +16,7 @@
 #   greedy, greedy-vllm, greedy-turbo, greedy-compare: turbo vs vLLM GDN tokens end to end (both modes, one each,
 #     the comparison)
 #   bisect: which soak request killed vLLM's engine (bench/gpu/crash_bisect.py)
+#   mintokens: session 22's engine crash (min_tokens vs a finished structured output, MTP) and the plugin's fix
 #   soakseed, soak64, soakawq: issue 15's traffic soak (bench/gpu/soak.py; SOAK_S, SOAK_MIN_REQ, SOAK_MAX_S,
 #     SOAK_SEED, SOAK_PEER below)
 #   replay8: session 8's soak replayed against the fixed plugin, beside soakawq
