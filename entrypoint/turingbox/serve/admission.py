@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from turingbox import config as S
-from turingbox.serve.errors import spec_remedy
+from turingbox.serve.errors import SPEC_DECODE_REFUSAL, spec_remedy
 
 ADMISSION_SETTINGS = ("max_n", "max_tokens", "default_max_tokens", "max_total_tokens", "max_concurrent_requests",
                       "max_concurrent_per_key", "request_timeout_seconds")
@@ -250,7 +250,6 @@ class Admission:
 # vLLM 0.21's refusal under speculative decoding (sampling_params.py _validate_spec_decode): min_p above its epsilon
 # or a non-empty logit_bias. The fields each route's request model hands to SamplingParams (the responses API has no
 # min_p: vLLM ignores one sent there).
-SPEC_DECODE_REFUSAL = "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
 _SAMPLING_EPS = 1e-5
 _SPEC_FIELDS = {"chat/completions": ("min_p", "logit_bias"), "completions": ("min_p", "logit_bias"),
                 "responses": ("logit_bias",)}

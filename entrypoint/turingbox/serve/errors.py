@@ -37,7 +37,8 @@ def sse_error_event(message: str, status: int = 502) -> bytes:
 # vLLM 0.21's refusal of sampling parameters under speculative decoding (sampling_params.py,
 # _validate_spec_decode), as a 400 body or, for a stream, an SSE error event after 200: the sidecar
 # appends the appliance's remedy to the sentence (plain text without quotes: valid inside the JSON string).
-_SPEC_DECODE_REFUSAL = b"not yet supported with speculative decoding."
+SPEC_DECODE_REFUSAL = "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
+_SPEC_DECODE_REFUSAL = SPEC_DECODE_REFUSAL[SPEC_DECODE_REFUSAL.index("not yet"):].encode()
 
 
 def spec_remedy(plan: dict | None) -> bytes:

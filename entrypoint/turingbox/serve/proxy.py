@@ -93,7 +93,8 @@ class Proxy:
         plan = self.state.plan or {}
         values = admission.settings_of(self.state.options)
         key = (tuple(values.values()), plan.get("max_num_seqs"), plan.get("max_model_len"),
-               plan.get("data_parallel_size"))
+               plan.get("data_parallel_size"), plan.get("num_speculative_tokens"),
+               tuple(plan.get("mtp_refused_parameters") or ()))
         if key != self._limits_key:
             self._limits_key, self._limits = key, admission.limits_from_plan(values, plan)
             if self._limits is not None:
