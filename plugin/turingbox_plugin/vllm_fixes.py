@@ -149,12 +149,12 @@ def fix_out_of_vocab_ids() -> str:
     if not _unchanged(rejection_sampler.RejectionSampler.forward, FORWARD_CALLS_REJECTION_SAMPLE):
         return "skipped: RejectionSampler.forward is not vLLM 0.21.0's"
     original = rejection_sampler.rejection_sample
-    signature = inspect.signature(original)
+    at = list(inspect.signature(original).parameters).index("target_logits")   # found once, not on every step
 
     @functools.wraps(original)
     def rejection_sample(*args: Any, **kwargs: Any) -> Any:
         ids = original(*args, **kwargs)
-        vocab = signature.bind(*args, **kwargs).arguments["target_logits"].shape[-1]
+        vocab = (args[at] if len(args) > at else kwargs["target_logits"]).shape[-1]
         return ids.masked_fill_(ids >= vocab, 0)
 
     rejection_sample._turingbox_vocab = True         # type: ignore[attr-defined]
@@ -508,7 +508,7 @@ def fix_min_tokens_vs_grammar() -> str:
                 return original(self, logits, *args, **kwargs)
             before = logits.index_select(1, columns)
             logits = original(self, logits, *args, **kwargs)
-            nothing_left = torch.isneginf(logits).all(dim=-1, keepdim=True)
+            nothing_left = logits.amax(dim=-1, keepdim=True) == float("-inf")    # [rows, 1], no [rows, vocab] mask
             logits.index_copy_(1, columns, torch.where(nothing_left, before, logits.index_select(1, columns)))
             return logits
         return apply
