@@ -9,7 +9,7 @@ it, halves of the killing set are sent at once until the smallest killing group 
 $OUT/crash-bisect.json and vLLM's /metrics page of the first healthy server ($OUT/vllm-metrics.txt).
     python3 bench/gpu/crash_bisect.py --plan plan.json --candidates bench/gpu/crash_candidates.json
 """
-import argparse, concurrent.futures as cf, json, os, subprocess, sys, time
+import argparse, atexit, concurrent.futures as cf, contextlib, json, os, signal, subprocess, sys, time
 import httpx
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from soak_gen import expand  # noqa: E402
@@ -64,6 +64,7 @@ class Server:
         with httpx.Client(base_url=self.url, trust_env=False) as c:
             while time.time() - t0 < self.a.ready_limit:
                 if self.proc.poll() is not None:
+                    self.stop()      # its engine core may outlive the API server
                     raise SystemExit(f"server exited rc={self.proc.returncode} during start; see {self.log}")
                 try:
                     if c.get(ready, timeout=2).status_code == 200:
@@ -73,6 +74,8 @@ class Server:
                 except httpx.HTTPError:
                     pass
                 time.sleep(1)
+        # Session 23: a plain server left running here held 40 GiB through the next phases.
+        self.stop()
         raise SystemExit(f"server not ready in {self.a.ready_limit} s; see {self.log}")
 
     @property
@@ -80,19 +83,30 @@ class Server:
         return f"http://127.0.0.1:{self.a.port}"
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
+        """The whole process group, even when the API server has already exited (its engine core may not)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, 9)    # what is left of the group
+        self.proc.wait()
         time.sleep(3)   # let the driver hand the memory back before the next start measures it
 
     def crash_lines(self) -> list[str]:
         lines = open(self.log, errors="replace").read().splitlines()
         keys = ("Assertion", "device-side", "CUDA error", "Error", "Traceback", "File \"")
         return [ln[:300] for ln in lines if any(k in ln for k in keys)][-40:]
+
+
+def leave_nothing_behind(srv: Server) -> None:
+    """session.sh's `timeout` sends SIGTERM: on that and on any other way out, the server's group is stopped."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    atexit.register(srv.stop)
 
 
 def alive(srv: Server) -> bool:
@@ -143,6 +157,7 @@ def main():
     for i, c in enumerate(cands):
         c.setdefault("id", i)
     srv = Server(a, plan)
+    leave_nothing_behind(srv)
     result: dict = {"mode": a.mode, "singles": [], "culprits": [], "groups": []}
 
     def save():

@@ -188,12 +188,12 @@ for phase in "$@"; do
               export TURINGBOX_ENFORCE_EAGER=1 TURINGBOX_GPU_MEMORY_UTILIZATION=0.5
               CUDA_VISIBLE_DEVICES=$one python3 -m turingbox plan --model /tmp/demo4 --json > $R/plan-mintokens.json
               python3 -c "import json; json.dump(json.load(open('bench/gpu/min_tokens_candidates.json'))[:1], open('/tmp/mintokens-plain.json', 'w'))"
-              CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 300 python3 bench/gpu/crash_bisect.py --plan $R/plan-mintokens.json \
+              CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 660 python3 bench/gpu/crash_bisect.py --plan $R/plan-mintokens.json \
                 --candidates /tmp/mintokens-plain.json --mode plain --repeat 0 --no-restart --port 8300 --cache /tmp/mt-plain \
-                --ready-limit 240 > $R/mintokens-plain.txt 2>&1
-              CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 300 python3 bench/gpu/crash_bisect.py --plan $R/plan-mintokens.json \
+                --ready-limit 540 > $R/mintokens-plain.txt 2>&1
+              CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 660 python3 bench/gpu/crash_bisect.py --plan $R/plan-mintokens.json \
                 --candidates bench/gpu/min_tokens_candidates.json --mode turingbox --repeat 1 --port 8400 \
-                --cache /tmp/mt-tb --ready-limit 240 > $R/mintokens-turingbox.txt 2>&1
+                --cache /tmp/mt-tb --ready-limit 540 > $R/mintokens-turingbox.txt 2>&1
               unset TURINGBOX_ENFORCE_EAGER TURINGBOX_GPU_MEMORY_UTILIZATION ;;
     soakseed) # issue 15: the 64-layer demo's entry at the soak's memory share, filled cold by `warmup --seed-only`
               [ -d /tmp/demo ] || python3 -m turingbox demo-model /tmp/demo
