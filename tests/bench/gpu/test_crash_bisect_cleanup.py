@@ -17,17 +17,19 @@ GPU = os.path.join(REPO, "bench", "gpu")
 sys.path.insert(0, GPU)
 import crash_bisect  # noqa: E402
 
+from tests.support.waiting import wait_until  # noqa: E402
+
 # The "API server": forks an "engine core" that ignores nothing and sleeps, writes its pid, then either sleeps
 # (never ready: no port is listened on) or exits at once (the API server died, the engine core lives on).
 STAND_IN = textwrap.dedent("""
     import os, sys, time
     child = os.fork()
     if child == 0:
-        time.sleep(600); os._exit(0)
+        time.sleep(600); os._exit(0)  # behaviour: the engine core lives until it is killed
     open(sys.argv[1], "w").write(str(child))
     if sys.argv[2] == "exit":
         os._exit(1)
-    time.sleep(600)
+    time.sleep(600)  # behaviour: never ready, no port is listened on
 """)
 
 
@@ -52,11 +54,9 @@ class _StandIn(crash_bisect.Server):
 
 
 def _child(path: str) -> int:
-    for _ in range(100):
-        if os.path.exists(path) and open(path).read():
-            return int(open(path).read())
-        time.sleep(0.05)
-    raise AssertionError("the stand-in did not start")
+    def written():
+        return os.path.exists(path) and open(path).read()
+    return int(wait_until(written, timeout=5, what="the stand-in's engine-core pid"))
 
 
 def test_not_ready_stops_the_whole_group(tmp_path):
