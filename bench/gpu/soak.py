@@ -690,17 +690,26 @@ def outcome(r: dict) -> str:
     return str(status)
 
 
-# vLLM refuses min_p/logit_bias under speculative decoding after a stream's 200, as an error event; turingbox's sidecar
-# refuses the same request with vLLM's sentence as a 400 before the stream starts: the same refusal.
+# vLLM refuses a stream's request after its 200: chat and completions as their first event, the responses API by
+# breaking the stream off. turingbox's sidecar answers the first as the 400 it is (the proxy reads the first event),
+# and refuses min_p/logit_bias under MTP and the responses API's top_logprobs above vLLM's limit itself, before the
+# stream: the same refusals, with vLLM's sentence (the sidecar may append its remedy).
 SPEC_DECODE_SENTENCE = "not yet supported with speculative decoding"
+LOGPROBS_SENTENCE = "which is greater than max allowed"
 
 
 def same_outcome(soak_r: dict, plain_r: dict) -> bool:
     so, po = outcome(soak_r), outcome(plain_r)
     if so == po:
         return True
-    return (so == "400" and po == "200+error" and SPEC_DECODE_SENTENCE in (soak_r.get("error") or "")
-            and SPEC_DECODE_SENTENCE in (plain_r.get("stream_error") or plain_r.get("error") or ""))
+    if so[:1] != "4" or po != "200+error":
+        return False
+    soak_msg, plain_msg = soak_r.get("error") or "", plain_r.get("stream_error") or plain_r.get("error") or ""
+    if plain_r.get("stream_broken"):       # vLLM's responses stream says nothing: only the sidecar's rules apply
+        return soak_r.get("endpoint") == "responses" and (LOGPROBS_SENTENCE in soak_msg or SPEC_DECODE_SENTENCE
+                                                           in soak_msg)
+    return bool(plain_msg) and (plain_msg in soak_msg or SPEC_DECODE_SENTENCE in soak_msg and SPEC_DECODE_SENTENCE
+                                in plain_msg)
 
 
 def _failed(o: str) -> bool:

@@ -91,6 +91,20 @@ RECORDED_FIELDS = ("n", "max_tokens", "max_completion_tokens", "max_output_token
                    "best_of", "temperature")
 # vLLM 0.21's own message (sampling_params.py, _validate_spec_decode).
 SPEC_DECODE_REFUSAL = "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
+MAX_LOGPROBS = 20          # vLLM 0.21's ModelConfig.max_logprobs default
+VOCAB_SIZE = 248320        # Qwen3.6's vocabulary, what -1 stands for
+
+
+def sample_logprobs(body: dict, path: str):
+    """SamplingParams.logprobs as vLLM 0.21's request models set it: chat top_logprobs when logprobs is true,
+    completions logprobs, responses top_logprobs when include asks for output logprobs."""
+    if path.endswith("/chat/completions"):
+        value = body.get("top_logprobs") if body.get("logprobs") else None
+    elif path.endswith("/responses"):
+        value = body.get("top_logprobs") if "message.output_text.logprobs" in (body.get("include") or []) else None
+    else:
+        value = body.get("logprobs")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -269,6 +283,10 @@ class Handler(BaseHTTPRequestHandler):
         min_p = 0 if path.endswith("/responses") or greedy else (body.get("min_p") or 0)
         if O["speculative"] and not body.get("use_beam_search") and (min_p > 1e-5 or body.get("logit_bias")):
             return 400, SPEC_DECODE_REFUSAL
+        asked = sample_logprobs(body, path)
+        if asked is not None and (asked == -1 or asked > MAX_LOGPROBS):
+            return 400, (f"Requested sample logprobs of {VOCAB_SIZE if asked == -1 else asked}, which is greater "
+                         f"than max allowed: {MAX_LOGPROBS} (parameter=logprobs, value={asked})")
         prompt = body.get("prompt")
         if prompt is None:
             prompt = " ".join(str(m.get("content", "")) for m in body.get("messages") or [] if isinstance(m, dict))
@@ -392,13 +410,20 @@ class Handler(BaseHTTPRequestHandler):
         if grammar and float(O["structured-delay"]):
             time.sleep(float(O["structured-delay"]))  # behaviour: a grammar that takes this long to compile
         refused = self._refusal(body, path)
-        if refused is not None and body.get("stream") and refused[1] == SPEC_DECODE_REFUSAL:
-            # vLLM validates sampling parameters inside a stream's generator: 200, then one error event.
+        in_generator = refused is not None and (refused[1] == SPEC_DECODE_REFUSAL or "logprobs" in refused[1])
+        if in_generator and body.get("stream"):
+            # vLLM validates sampling parameters inside a stream's generator: 200, then one error event; its
+            # responses API raises there, so the stream breaks off after the 200 without an event.
             event("request", id=0, path=path, refused=refused[0], stream=True)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
+            if path.endswith("/responses"):
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
             err = {"error": {"message": refused[1], "type": "BadRequestError", "param": None, "code": 400}}
             self._chunk(b"data: " + json.dumps(err).encode() + b"\n\n")
             self._chunk(b"data: [DONE]\n\n")

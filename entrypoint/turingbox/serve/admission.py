@@ -35,7 +35,8 @@ from turingbox.serve.errors import SPEC_DECODE_REFUSAL, spec_remedy
 
 ADMISSION_SETTINGS = ("max_n", "max_tokens", "default_max_tokens", "max_total_tokens", "max_concurrent_requests",
                       "max_concurrent_per_key", "request_timeout_seconds")
-REASONS = ("n", "max_tokens", "total_tokens", "speculative_decoding", "concurrency", "per_key", "timeout")  # labels
+REASONS = ("n", "max_tokens", "total_tokens", "speculative_decoding", "logprobs", "concurrency", "per_key",
+           "timeout")  # labels
 ROUTES = ("chat/completions", "completions", "responses")                           # bodies admit() reads
 
 # Qwen3 model cards: "We recommend using an output length of 32,768 tokens for most queries". Less cuts a
@@ -255,6 +256,26 @@ _SPEC_FIELDS = {"chat/completions": ("min_p", "logit_bias"), "completions": ("mi
                 "responses": ("logit_bias",)}
 
 
+# vLLM 0.21's ModelConfig.max_logprobs default (the plan never sets --max-logprobs). Its responses stream checks
+# top_logprobs inside the generator, after its 200, and the stream breaks off without an event (session 23's soak);
+# chat and completions streams send the refusal as their first event, which the proxy answers as the 400 it is.
+VLLM_MAX_LOGPROBS = 20
+
+
+def _responses_logprobs_refusal(body: dict) -> Refusal | None:
+    """vLLM's rule (sampling_params.py _validate_logprobs): the responses API asks for top_logprobs sample logprobs
+    when `include` has message.output_text.logprobs; -1 means the whole vocabulary."""
+    include, top = body.get("include"), body.get("top_logprobs")
+    if not (isinstance(include, list) and "message.output_text.logprobs" in include) or not _number(top) \
+            or isinstance(top, float):         # not an int: the request model's own 400 answers first
+        return None
+    if top == -1 or top > VLLM_MAX_LOGPROBS:
+        asked = "-1 (the whole vocabulary)" if top == -1 else f"{top}"
+        return Refusal(400, "logprobs", f"Requested sample logprobs of {asked}, which is greater than max allowed: "
+                                        f"{VLLM_MAX_LOGPROBS}", "top_logprobs")
+    return None
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -281,6 +302,8 @@ def admit(limits: Limits, route: str, raw: bytes, body: Any) -> Admission:
             remedy = spec_remedy({"num_speculative_tokens": limits.spec_tokens,
                                   "mtp_refused_parameters": list(limits.spec_refused)}).decode()
             return Admission(Refusal(400, "speculative_decoding", SPEC_DECODE_REFUSAL + remedy, name))
+    if route == "responses" and body.get("stream") and (refusal := _responses_logprobs_refusal(body)) is not None:
+        return Admission(refusal)              # unstreamed, vLLM's own 400 says the same
     # Parallel samples of one prompt: n (beam search: the beam width), best_of (vLLM 0.21 dropped it from its
     # requests, but an older client may send it and a future vLLM may read it again).
     for name in ("n", "best_of"):

@@ -77,6 +77,10 @@ class ServeMetrics:
             self.admission_refused.labels(reason)
         self.upstream_errors = Counter("turingbox_upstream_errors", "Failures talking to vLLM, by kind",
                                        ["kind"], registry=r)
+        # vLLM refuses a stream's request in its first event after a 200: the sidecar answers those as the 4xx
+        self.stream_refusals = Counter("turingbox_proxy_stream_refusals",
+                                       "Streams vLLM refused in their first event, answered as that HTTP error",
+                                       registry=r)
         self.client_disconnects = Counter("turingbox_proxy_client_disconnects",
                                           "Requests whose client went away before the end (upstream cancelled)",
                                           registry=r)

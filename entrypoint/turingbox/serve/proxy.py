@@ -348,10 +348,40 @@ class Proxy:
                 await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return str(upstream.status)
+            chunks = upstream.aiter_stream().__aiter__()
+            head, broken = b"", None
+            if is_sse and upstream.status == 200:
+                # vLLM checks a stream's parameters inside its generator: a refused stream is a 200 whose first
+                # event is the error. Read up to that event before answering, so a refusal is the 4xx it is.
+                # (vLLM sends its first event only with the first token anyway: the client waits no longer.)
+                peeking = asyncio.create_task(_first_event(chunks))
+                await asyncio.wait({peeking, disconnected}, timeout=left(), return_when=asyncio.FIRST_COMPLETED)
+                if not peeking.done():
+                    peeking.cancel()
+                    await asyncio.gather(peeking, return_exceptions=True)
+                    if limits is not None and not disconnected.done():
+                        return await self._refuse(send, admission.timeout_refusal(limits))
+                    m.client_disconnects.inc()
+                    return "499"
+                try:
+                    head = peeking.result()
+                except UPSTREAM_ERRORS as exc:     # broken before its first event: the pump says why, as before
+                    broken = exc
+                refused = _stream_refusal(head)
+                if refused is not None:
+                    status, body = refused
+                    m.first_byte.labels(route).observe(time.perf_counter() - t0)
+                    m.stream_refusals.inc()
+                    data = add_remedy(body, remedy)
+                    await send({"type": "http.response.start", "status": status, "headers": [
+                        (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+                    await send({"type": "http.response.body", "body": data, "more_body": False})
+                    return str(status)
             if is_sse:
                 headers.append((b"x-accel-buffering", b"no"))
             await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
-            pump = asyncio.create_task(self._pump(upstream, send, is_sse, route, t0, remedy if is_sse else b""))
+            pump = asyncio.create_task(self._pump(chunks, head, broken, send, is_sse, route, t0,
+                                                  remedy if is_sse else b""))
             await asyncio.wait({pump, disconnected}, timeout=left(), return_when=asyncio.FIRST_COMPLETED)
             if not pump.done():                    # client went away (or time ran out) mid-response: stop vLLM's work
                 pump.cancel()
@@ -382,12 +412,16 @@ class Proxy:
                 with contextlib.suppress(*UPSTREAM_ERRORS):
                     await conn.aclose()
 
-    async def _pump(self, upstream: httpcore.Response, send, is_sse: bool, route: str, t0: float,
-                    remedy: bytes = b"") -> None:
+    async def _pump(self, chunks, head: bytes, broken: BaseException | None, send, is_sse: bool, route: str,
+                    t0: float, remedy: bytes = b"") -> None:
+        """vLLM's answer on to the client: `head` (a stream's first event, read already), then the rest of
+        `chunks`; `broken`: the stream broke off while its first event was read."""
         m = self.metrics
-        first = True
         try:
-            async for chunk in upstream.aiter_stream():
+            if broken is not None:
+                raise broken
+            first = True
+            async for chunk in _chain(head, chunks):
                 if first:
                     m.first_byte.labels(route).observe(time.perf_counter() - t0)
                     first = False
@@ -405,3 +439,38 @@ class Proxy:
             why = self.state.upstream_dead or "The model server stopped before this response was complete."
             await send({"type": "http.response.body", "more_body": True, "body": sse_error_event(why)})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _chain(head: bytes, chunks):
+    if head:
+        yield head
+    async for chunk in chunks:
+        yield chunk
+
+
+async def _first_event(chunks) -> bytes:
+    """A stream's bytes up to the end of its first SSE event (or of the stream, or _MAX_ERROR_BODY)."""
+    head = b""
+    while b"\n\n" not in head and len(head) <= _MAX_ERROR_BODY:
+        try:
+            head += await chunks.__anext__()
+        except StopAsyncIteration:
+            break
+    return head
+
+
+def _stream_refusal(head: bytes) -> tuple[int, bytes] | None:
+    """(status, JSON body) when a stream's first event is vLLM's error for the request (a 4xx code), as
+    vLLM's create_streaming_error_response writes it: `data: {"error": {"message", "type", "param", "code"}}`."""
+    first = head.split(b"\n\n", 1)[0]
+    if not first.startswith(b"data: {"):
+        return None
+    try:
+        obj = json.loads(first[len(b"data: "):])
+    except ValueError:
+        return None
+    err = obj.get("error") if isinstance(obj, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    if not isinstance(code, int) or isinstance(code, bool) or not 400 <= code < 500 or len(obj) != 1:
+        return None
+    return code, json.dumps({"error": err}, separators=(",", ":")).encode()

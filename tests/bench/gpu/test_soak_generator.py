@@ -529,3 +529,27 @@ def test_n_above_the_sidecars_limit_is_expected_to_fail():
     assert over and all("fail:max_n" in r.families and r.expect.startswith("fail:") for r in over)
     assert not any("fail:max_n" in r.families for r in unknown)
     assert not any("fail:max_n" in r.families for r in told if r not in over)
+
+
+def test_same_outcome_counts_a_stream_refusal_answered_as_a_400_as_the_same():
+    """Session 23: the sidecar answers a stream vLLM refuses in its first event as that 400, and refuses the responses
+    API's top_logprobs over vLLM's limit (where vLLM breaks the stream off) itself; plain vLLM's 200 + error event
+    (or broken stream) is the same refusal. A different message, or a 400 for a stream plain vLLM served, is not."""
+    import soak
+    msg = "Requested sample logprobs of 22, which is greater than max allowed: 20 (parameter=logprobs, value=22)"
+    soak_400 = {"status": 400, "error": msg, "endpoint": "chat"}
+    plain_event = {"status": 200, "stream_error": msg, "error": msg, "endpoint": "chat"}
+    assert soak.same_outcome(soak_400, plain_event)
+    assert not soak.same_outcome({**soak_400, "error": "top_p must be in (0, 1], got 0.0."}, plain_event)
+    assert not soak.same_outcome(soak_400, {"status": 200, "endpoint": "chat"})
+    spec = "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
+    assert soak.same_outcome({"status": 400, "error": spec + " turingbox turned on MTP (3 draft tokens)"},
+                             {"status": 200, "stream_error": spec})
+    broken = {"status": 200, "stream_error": "stream broken off after the 200: RemoteProtocolError: x",
+              "stream_broken": True, "endpoint": "responses"}
+    responses_400 = {"status": 400, "endpoint": "responses",
+                     "error": "Requested sample logprobs of 27, which is greater than max allowed: 20"}
+    assert soak.same_outcome(responses_400, broken)
+    assert soak.same_outcome({**responses_400, "error": spec + " turingbox turned on MTP"}, broken)
+    assert not soak.same_outcome({**responses_400, "endpoint": "chat"}, broken)
+    assert not soak.same_outcome({**responses_400, "error": "n=3 is above the limit of 2 (TURINGBOX_MAX_N)."}, broken)
