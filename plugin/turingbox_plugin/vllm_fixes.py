@@ -655,6 +655,70 @@ def fix_prompt_logprobs_slices() -> str:
     return "applied"
 
 
+# vLLM 0.21's sample_tokens runs an EAGLE/MTP drafter on the GPU's sampled tokens before its bookkeeping, which is
+# where the prompt logprobs are computed from the target model's hidden states.
+DRAFTER_BEFORE_BOOKKEEPING = "does not need to wait for bookkeeping to finish"
+PROMPT_LOGPROBS_FROM_HIDDEN_STATES = "prompt_logprobs_dict = self._get_prompt_logprobs_dict(\n            hidden_states[:num_scheduled_tokens],"
+
+
+def keep_prompt_rows(propose: Callable, prompt_logprobs: Callable, hidden_at: int) -> tuple[Callable, Callable]:
+    """(propose_draft_token_ids, _get_prompt_logprobs_dict) wrapped: while a request wants prompt logprobs and the
+    step is small enough to have run as a CUDA graph, the target's hidden states are copied before the drafter runs,
+    and the prompt logprobs read the copy. `hidden_at`: hidden_states' position among propose's arguments."""
+
+    def propose_keeping_prompt_rows(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        kept = None
+        if self.num_prompt_logprobs:
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[hidden_at - 1]
+            n = scheduler_output.total_num_scheduled_tokens
+            # Only a graph's output lies in the pool the drafter's graphs replay into; an eager step's is its own.
+            if n <= (self.compilation_config.max_cudagraph_capture_size or 0):
+                kept = (hidden.data_ptr(), hidden[:n].clone())      # at most the largest graph's rows
+        self._turingbox_prompt_rows = kept       # one step's: never read in a later step
+        return propose(self, scheduler_output, *args, **kwargs)
+
+    def prompt_logprobs_from_kept_rows(self: Any, hidden_states: Any, num_scheduled_tokens: dict[str, int]) -> Any:
+        kept = self.__dict__.pop("_turingbox_prompt_rows", None)
+        if kept is not None and kept[0] == hidden_states.data_ptr() and kept[1].shape[0] >= hidden_states.shape[0]:
+            hidden_states = kept[1][:hidden_states.shape[0]]
+        return prompt_logprobs(self, hidden_states, num_scheduled_tokens)
+
+    propose_keeping_prompt_rows.__wrapped__ = propose                 # type: ignore[attr-defined]
+    prompt_logprobs_from_kept_rows.__wrapped__ = prompt_logprobs      # type: ignore[attr-defined]
+    return propose_keeping_prompt_rows, prompt_logprobs_from_kept_rows
+
+
+def fix_prompt_logprobs_vs_drafter() -> str:
+    """Prompt logprobs under MTP are computed from the target's hidden states, not from what the drafter left there.
+
+    vLLM 0.21 runs the MTP drafter before computing prompt logprobs (sample_tokens: the drafter takes the sampled
+    tokens on the GPU, then _bookkeeping_sync computes them). When the target step ran as a CUDA graph its hidden
+    states live in the graph pool, weakly referenced, and the drafter's graphs replay into the same pool: the prompt
+    logprobs then come from overwritten memory, mostly finite garbage answered with 200, sometimes NaN, which vLLM
+    cannot render ("Out of range float values are not JSON compliant: nan", answered as a 400). Session 23's soak got
+    that for two completions of 2-token prompts (graph-sized steps). vllm#53488, fix proposed in vllm#53520. The copy
+    is made only in such steps (at most max_cudagraph_capture_size rows) and only while a request wants prompt
+    logprobs. Applied in the worker, to vLLM 0.21's GPUModelRunner.
+    """
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(GPUModelRunner, "_turingbox_prompt_rows_kept", False):
+        return "applied"
+    if not _unchanged(GPUModelRunner.sample_tokens, DRAFTER_BEFORE_BOOKKEEPING) or \
+            not _unchanged(GPUModelRunner._bookkeeping_sync, PROMPT_LOGPROBS_FROM_HIDDEN_STATES):
+        return "skipped: GPUModelRunner's drafter and prompt-logprobs order is not vLLM 0.21.0's"
+    params = list(inspect.signature(GPUModelRunner.propose_draft_token_ids).parameters)
+    if params[:2] != ["self", "scheduler_output"] or "hidden_states" not in params:
+        return "skipped: GPUModelRunner.propose_draft_token_ids' arguments are not vLLM 0.21.0's"
+    propose, prompt_logprobs = keep_prompt_rows(GPUModelRunner.propose_draft_token_ids,
+                                                GPUModelRunner._get_prompt_logprobs_dict,
+                                                params.index("hidden_states") - 1)
+    GPUModelRunner.propose_draft_token_ids = propose
+    GPUModelRunner._get_prompt_logprobs_dict = prompt_logprobs
+    GPUModelRunner._turingbox_prompt_rows_kept = True
+    return "applied"
+
+
 # Where vLLM 0.21's compile cache key ignores where files live (envs.compile_factors): VLLM_CACHE_ROOT is in its list.
 COMPILE_FACTORS_IGNORES_CACHE_ROOT = '"VLLM_CACHE_ROOT",'
 # Two locations it hashes all the same; they default to paths under HOME (XDG_CONFIG_HOME, XDG_CACHE_HOME) and change
@@ -832,6 +896,7 @@ FIXES: dict[str, Callable[[], str]] = {"mask_rows": fix_mask_rows, "logprobs_ids
                                        "out_of_vocab_ids": fix_out_of_vocab_ids,
                                        "min_tokens_vs_grammar": fix_min_tokens_vs_grammar,
                                        "prompt_logprobs_slices": fix_prompt_logprobs_slices,
+                                       "prompt_logprobs_vs_drafter": fix_prompt_logprobs_vs_drafter,
                                        "compile_key_locations": fix_compile_key_locations}
 
 
