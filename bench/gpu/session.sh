@@ -210,6 +210,8 @@ for phase in "$@"; do
               # SOAK_HOSTILE=1: issue 37's hostile request first, on the same server (saves a start: bench/gpu/hostile.py);
               # SOAK_PLAIN=0: no plain vLLM here (its replay in a later session: replaysoak, from the committed record)
               soak_hostile=""; [ "${SOAK_HOSTILE:-0}" = 1 ] && soak_hostile="timeout 300 python3 bench/gpu/hostile.py --url http://127.0.0.1:\$PROXY_PORT --out \$OUT/hostile-soak64.json > \$OUT/hostile-soak64.txt 2>&1; "
+              # SOAK_PLP=1: prompt logprobs of graph-sized vs eager steps first (the plugin's fix for vllm#53488, ~1 min)
+              [ "${SOAK_PLP:-0}" = 1 ] && soak_hostile+="timeout 300 python3 bench/gpu/prompt_logprobs_check.py --url http://127.0.0.1:\$PROXY_PORT --out \$OUT/plp-check-soak64.json > \$OUT/plp-check-soak64.txt 2>&1; "
               soak_after=(--after='touch /tmp/session/soak64.plain-serving; python3 bench/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:$PLAIN_PORT $REPLAY_ARGS --out $OUT > $OUT/replay-soak64.txt 2>&1')
               [ "${SOAK_PLAIN:-1}" = 0 ] && soak_after=(--skip-plain)
               # SOAK_CACHES=empty: no soakseed before it; turingbox serves from empty caches (a cold start, its strict
@@ -230,15 +232,16 @@ for phase in "$@"; do
                 > $R/verdict-soak64.txt 2>&1 ;;
     replaysoak) # issue 37: a committed soak record (SOAK_RECORD=docs/data/...: soak-soak64.jsonl.gz) replayed against
               # plain `vllm serve` alone, started on empty caches with the plan's argv (minus worker/plugin) at the soak's
-              # share: every 4xx and refusal + REPLAY_ARGS' sample of the rest; its start is plain's empty start (#35's cold A/B)
+              # share: every 4xx and refusal + REPLAY_ARGS' sample of the rest; its start is plain's empty start (#35's cold A/B);
+              # first prompt_logprobs_check.py, plain vLLM's side of the vllm#53488 check (SOAK_PLP is turingbox's)
               mkdir -p /tmp/replaysoak; zcat "$SOAK_RECORD/soak-soak64.jsonl.gz" > /tmp/replaysoak/soak-soak64.jsonl
               cp "$SOAK_RECORD/soak-soak64.json" /tmp/replaysoak/ 2>/dev/null
               [ -d /tmp/demo ] || python3 -m turingbox demo-model /tmp/demo
               rm -rf /tmp/tbreplay-plain
               timeout 1500 python3 bench/gpu/side_by_side.py --model /tmp/demo --phase replaysoak --gpus $one,$one \
                 --skip-turingbox --plain-cache /tmp/tbreplay-plain --out $R --no-decode --ready-limit 900 \
-                ${SOAK_UTIL:+--env TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} --after-timeout 600 \
-                --after="python3 bench/gpu/soak.py --replay /tmp/replaysoak/soak-soak64.jsonl --url http://127.0.0.1:\$PLAIN_PORT $REPLAY_ARGS --tag replaysoak --out \$OUT > \$OUT/replay-replaysoak.txt 2>&1" ;;
+                ${SOAK_UTIL:+--env TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} --after-timeout 840 \
+                --after="timeout 300 python3 bench/gpu/prompt_logprobs_check.py --url http://127.0.0.1:\$PLAIN_PORT --out \$OUT/plp-check-replaysoak.json > \$OUT/plp-check-replaysoak.txt 2>&1; python3 bench/gpu/soak.py --replay /tmp/replaysoak/soak-soak64.jsonl --url http://127.0.0.1:\$PLAIN_PORT $REPLAY_ARGS --tag replaysoak --out \$OUT > \$OUT/replay-replaysoak.txt 2>&1" ;;
     hostile)  # issue 37: turingbox serve again on the A/B's seeded entry (after the startup phase), then one hostile request
               # (n=1000, no max_tokens) among 4 streaming clients: refused with 400, their TTFT within 1.2x unloaded
               [ -d /tmp/turingbox-bench/tb-seeded-root ] || echo "hostile: no seeded entry, turingbox started cold" > $R/hostile-caches.txt
