@@ -63,9 +63,13 @@ def verdict(rounds: list[dict], tolerance: float) -> dict:
     return out
 
 
-def _post(url: str, path: str, body: dict) -> tuple[int, dict]:
+def _conn(url: str, timeout: float) -> http.client.HTTPConnection:
     u = urllib.parse.urlsplit(url)
-    c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=300)
+    return http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+
+
+def _post(url: str, path: str, body: dict) -> tuple[int, dict]:
+    c = _conn(url, 300)
     c.request("POST", path, json.dumps(body), {"content-type": "application/json"})
     r = c.getresponse()
     data = r.read()
@@ -76,8 +80,7 @@ def _post(url: str, path: str, body: dict) -> tuple[int, dict]:
 
 
 def _model(url: str) -> str:
-    u = urllib.parse.urlsplit(url)
-    c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=30)
+    c = _conn(url, 30)
     c.request("GET", "/v1/models")
     return json.loads(c.getresponse().read())["data"][0]["id"]
 

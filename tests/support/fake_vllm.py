@@ -410,7 +410,8 @@ class Handler(BaseHTTPRequestHandler):
         if grammar and float(O["structured-delay"]):
             time.sleep(float(O["structured-delay"]))  # behaviour: a grammar that takes this long to compile
         refused = self._refusal(body, path)
-        in_generator = refused is not None and (refused[1] == SPEC_DECODE_REFUSAL or "logprobs" in refused[1])
+        in_generator = refused is not None and (refused[1] == SPEC_DECODE_REFUSAL
+                                                or refused[1].startswith("Requested sample logprobs"))
         if in_generator and body.get("stream"):
             # vLLM validates sampling parameters inside a stream's generator: 200, then one error event; its
             # responses API raises there, so the stream breaks off after the 200 without an event.

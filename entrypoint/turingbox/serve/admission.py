@@ -266,8 +266,8 @@ def _responses_logprobs_refusal(body: dict) -> Refusal | None:
     """vLLM's rule (sampling_params.py _validate_logprobs): the responses API asks for top_logprobs sample logprobs
     when `include` has message.output_text.logprobs; -1 means the whole vocabulary."""
     include, top = body.get("include"), body.get("top_logprobs")
-    if not (isinstance(include, list) and "message.output_text.logprobs" in include) or not _number(top) \
-            or isinstance(top, float):         # not an int: the request model's own 400 answers first
+    if not (isinstance(include, list) and "message.output_text.logprobs" in include) or not isinstance(top, int) \
+            or isinstance(top, bool):          # not an int: the request model's own 400 answers first
         return None
     if top == -1 or top > VLLM_MAX_LOGPROBS:
         asked = "-1 (the whole vocabulary)" if top == -1 else f"{top}"

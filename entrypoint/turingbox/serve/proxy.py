@@ -306,14 +306,9 @@ class Proxy:
         try:
             m.overhead.labels(route).observe(time.perf_counter() - t0)
             sending = asyncio.create_task(self._send(request, fresh))
-            await asyncio.wait({sending, disconnected}, timeout=left(), return_when=asyncio.FIRST_COMPLETED)
-            if not sending.done():                 # client left (or time ran out) before vLLM even answered
-                sending.cancel()
-                await asyncio.gather(sending, return_exceptions=True)
-                if limits is not None and not disconnected.done():
-                    return await self._refuse(send, admission.timeout_refusal(limits))
-                m.client_disconnects.inc()
-                return "499"
+            # client left (or time ran out) before vLLM even answered
+            if (left_early := await self._unless_left(sending, disconnected, left(), limits, send)) is not None:
+                return left_early
             try:
                 upstream = sending.result()
             except UPSTREAM_ERRORS as exc:
@@ -329,14 +324,8 @@ class Proxy:
             if upstream.status == 400 and remedy and not is_sse and (_content_length(headers) or _MAX_ERROR_BODY + 1) \
                     <= _MAX_ERROR_BODY:
                 reading = asyncio.create_task(self._error_answer(upstream, headers, remedy))
-                await asyncio.wait({reading, disconnected}, timeout=left(), return_when=asyncio.FIRST_COMPLETED)
-                if not reading.done():
-                    reading.cancel()
-                    await asyncio.gather(reading, return_exceptions=True)
-                    if limits is not None and not disconnected.done():
-                        return await self._refuse(send, admission.timeout_refusal(limits))
-                    m.client_disconnects.inc()
-                    return "499"
+                if (left_early := await self._unless_left(reading, disconnected, left(), limits, send)) is not None:
+                    return left_early
                 try:
                     headers, body = reading.result()
                 except UPSTREAM_ERRORS as exc:
@@ -355,14 +344,8 @@ class Proxy:
                 # event is the error. Read up to that event before answering, so a refusal is the 4xx it is.
                 # (vLLM sends its first event only with the first token anyway: the client waits no longer.)
                 peeking = asyncio.create_task(_first_event(chunks))
-                await asyncio.wait({peeking, disconnected}, timeout=left(), return_when=asyncio.FIRST_COMPLETED)
-                if not peeking.done():
-                    peeking.cancel()
-                    await asyncio.gather(peeking, return_exceptions=True)
-                    if limits is not None and not disconnected.done():
-                        return await self._refuse(send, admission.timeout_refusal(limits))
-                    m.client_disconnects.inc()
-                    return "499"
+                if (left_early := await self._unless_left(peeking, disconnected, left(), limits, send)) is not None:
+                    return left_early
                 try:
                     head = peeking.result()
                 except UPSTREAM_ERRORS as exc:     # broken before its first event: the pump says why, as before
@@ -411,6 +394,20 @@ class Proxy:
             for conn in fresh:
                 with contextlib.suppress(*UPSTREAM_ERRORS):
                     await conn.aclose()
+
+    async def _unless_left(self, task: asyncio.Task, disconnected: asyncio.Task, timeout: float | None,
+                           limits: admission.Limits | None, send) -> str | None:
+        """Waits for `task` until the client leaves or the request's time runs out: None when the task finished
+        first; else the task is cancelled and the outcome answered (504 past the deadline, 499 for a client gone)."""
+        await asyncio.wait({task, disconnected}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return None
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if limits is not None and not disconnected.done():
+            return await self._refuse(send, admission.timeout_refusal(limits))
+        self.metrics.client_disconnects.inc()
+        return "499"
 
     async def _pump(self, chunks, head: bytes, broken: BaseException | None, send, is_sse: bool, route: str,
                     t0: float, remedy: bytes = b"") -> None:
