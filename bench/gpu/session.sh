@@ -212,7 +212,9 @@ for phase in "$@"; do
               soak_hostile=""; [ "${SOAK_HOSTILE:-0}" = 1 ] && soak_hostile="timeout 300 python3 bench/gpu/hostile.py --url http://127.0.0.1:\$PROXY_PORT --out \$OUT/hostile-soak64.json > \$OUT/hostile-soak64.txt 2>&1; "
               # SOAK_PLP=1: prompt logprobs of graph-sized vs eager steps first (the plugin's fix for vllm#53488, ~1 min)
               [ "${SOAK_PLP:-0}" = 1 ] && soak_hostile+="timeout 300 python3 bench/gpu/prompt_logprobs_check.py --url http://127.0.0.1:\$PROXY_PORT --out \$OUT/plp-check-soak64.json > \$OUT/plp-check-soak64.txt 2>&1; "
-              soak_after=(--after='touch /tmp/session/soak64.plain-serving; python3 bench/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:$PLAIN_PORT $REPLAY_ARGS --out $OUT > $OUT/replay-soak64.txt 2>&1')
+              # with SOAK_PLP=1 plain vLLM gets the same check first: its side of the before/after
+              plain_plp=""; [ "${SOAK_PLP:-0}" = 1 ] && plain_plp='timeout 300 python3 bench/gpu/prompt_logprobs_check.py --url http://127.0.0.1:$PLAIN_PORT --out $OUT/plp-check-plain-soak64.json > $OUT/plp-check-plain-soak64.txt 2>&1; '
+              soak_after=(--after="touch /tmp/session/soak64.plain-serving; ${plain_plp}"'python3 bench/gpu/soak.py --replay $OUT/soak-soak64.jsonl --url http://127.0.0.1:$PLAIN_PORT $REPLAY_ARGS --out $OUT > $OUT/replay-soak64.txt 2>&1')
               [ "${SOAK_PLAIN:-1}" = 0 ] && soak_after=(--skip-plain)
               # SOAK_CACHES=empty: no soakseed before it; turingbox serves from empty caches (a cold start, its strict
               # warmup compiling everything): the soak when the session's device time cannot also hold the seed
