@@ -21,6 +21,8 @@
 #     SOAK_SEED, SOAK_PEER below)
 #   replay8: session 8's soak replayed against the fixed plugin, beside soakawq
 #   replaysoak: a committed soak record (SOAK_RECORD) replayed against plain vLLM alone
+#   fixcheck: session 24's fixes on real vLLM, 4-layer demo: prompt_logprobs_check.py and a soak record's refusals and
+#     errors (FIX_RECORD) against turingbox serve, then against plain vLLM on a copy of its caches
 #   hostile: issue 37's hostile request (bench/gpu/hostile.py) against turingbox serve on startup's seeded entry
 #   fibaked: issue 20, beside soak64
 #   ckptwrite, ckptload: issue 35's real-size checkpoint (bench/checkpoint_load.py): the AWQ demo's shards written
@@ -244,6 +246,20 @@ for phase in "$@"; do
                 --skip-turingbox --plain-cache /tmp/tbreplay-plain --out $R --no-decode --ready-limit 900 \
                 ${SOAK_UTIL:+--env TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} --after-timeout 840 \
                 --after="timeout 300 python3 bench/gpu/prompt_logprobs_check.py --url http://127.0.0.1:\$PLAIN_PORT --out \$OUT/plp-check-replaysoak.json > \$OUT/plp-check-replaysoak.txt 2>&1; python3 bench/gpu/soak.py --replay /tmp/replaysoak/soak-soak64.jsonl --url http://127.0.0.1:\$PLAIN_PORT $REPLAY_ARGS --tag replaysoak --out \$OUT > \$OUT/replay-replaysoak.txt 2>&1" ;;
+    fixcheck) # session 24's fixes where a 64-layer soak does not fit the device time: the 4-layer demo with CUDA graphs and
+              # MTP, max_num_seqs 2 as in the soak (the same admission limits). turingbox serve (cold), then plain vLLM on a
+              # copy of its entry; each gets prompt_logprobs_check.py (vllm#53488) and the replay of FIX_RECORD's 4xx and
+              # in-stream errors (--sample 0: its stream refusals, NaN 400s and admission refusals)
+              [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
+              mkdir -p /tmp/fixcheck; rm -rf /tmp/tbfix /tmp/tbfix-plain
+              zcat "${FIX_RECORD:-docs/data/2026-12-06-h100-s23}/soak-soak64.jsonl.gz" > /tmp/fixcheck/soak-fix.jsonl
+              cp "${FIX_RECORD:-docs/data/2026-12-06-h100-s23}/soak-soak64.json" /tmp/fixcheck/soak-fix.json
+              fix_checks() { echo "timeout 300 python3 bench/gpu/prompt_logprobs_check.py --url http://127.0.0.1:\$$1 --out \$OUT/plp-check-fix-$2.json > \$OUT/plp-check-fix-$2.txt 2>&1; timeout 420 python3 bench/gpu/soak.py --replay /tmp/fixcheck/soak-fix.jsonl --sample 0 --replay-concurrency 8 --url http://127.0.0.1:\$$1 --tag fix-$2 --out \$OUT > \$OUT/replay-fix-$2.txt 2>&1"; }
+              timeout 1500 python3 bench/gpu/side_by_side.py --model /tmp/demo4 --phase fixcheck --gpus $one,$one \
+                --cache /tmp/tbfix --plain-cache /tmp/tbfix-plain --out $R --no-decode --ready-limit 600 \
+                --env TURINGBOX_MAX_NUM_SEQS=2 --after-timeout 800 \
+                --tb-after="$(fix_checks PROXY_PORT turingbox); python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-fix.json > /dev/null 2>&1; mkdir -p /tmp/tbfix-plain; cp -a /tmp/tbfix/entries/\$(ls /tmp/tbfix/entries | head -1)/. /tmp/tbfix-plain/" \
+                --after="$(fix_checks PLAIN_PORT plain)" ;;
     hostile)  # issue 37: turingbox serve again on the A/B's seeded entry (after the startup phase), then one hostile request
               # (n=1000, no max_tokens) among 4 streaming clients: refused with 400, their TTFT within 1.2x unloaded
               [ -d /tmp/turingbox-bench/tb-seeded-root ] || echo "hostile: no seeded entry, turingbox started cold" > $R/hostile-caches.txt
