@@ -60,7 +60,8 @@ class Server:
         t0 = time.time()
         self.proc = subprocess.Popen(argv, env=env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        ready = "/health" if self.a.mode == "plain" else "/ready"
+        # plain vLLM: its /health; turingbox: the sidecar's readiness (session 25: "/ready" was a 404 it waited out)
+        ready = "/health" if self.a.mode == "plain" else "/health/ready"
         with httpx.Client(base_url=self.url, trust_env=False) as c:
             while time.time() - t0 < self.a.ready_limit:
                 if self.proc.poll() is not None:

@@ -99,3 +99,28 @@ def test_sigterm_to_the_script_stops_its_server(tmp_path):
     assert script.wait(120) == 143
     assert not _alive(child)
 
+
+
+def test_turingbox_mode_sees_the_sidecar_ready(tmp_path, monkeypatch):
+    """Session 25's `mintokens` on the GPU: turingbox mode polled "/ready", which the sidecar does not serve, so a
+    ready `turingbox serve` was waited on until the limit and none of the candidates was sent. Through the real
+    `Server.start` against a real `turingbox serve` in front of the stand-in vLLM, it must see ready and stop."""
+    from tests.support.sidecar_harness import FAKE_VLLM, H200, free_port, make_model_dir
+    for k in [k for k in os.environ if k.startswith(("TURINGBOX_", "FAKE_VLLM_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("TURINGBOX_VLLM_COMMAND", f"{sys.executable} {FAKE_VLLM}")
+    monkeypatch.setenv("TURINGBOX_GPUS_JSON", H200)
+    monkeypatch.setenv("TURINGBOX_RUNTIME_DIR", str(tmp_path / "runtime"))
+    monkeypatch.setenv("TURINGBOX_ACTIVE_WARMUP", "0")
+    monkeypatch.setenv("FAKE_VLLM_CONTROL_DIR", str(tmp_path / "control"))
+    os.makedirs(tmp_path / "control")
+    a = argparse.Namespace(gate_log="", out=str(tmp_path), mode="turingbox", ready_limit=60, port=free_port(),
+                           model_name="", cache=str(tmp_path / "cache"))
+    srv = crash_bisect.Server(a, {"model": make_model_dir(str(tmp_path))})
+    try:
+        ready_s = srv.start()
+        assert ready_s < a.ready_limit
+        assert crash_bisect.httpx.get(srv.url + "/health/ready", timeout=5, trust_env=False).status_code == 200
+    finally:
+        srv.stop()
+    assert srv.proc.returncode is not None
