@@ -181,21 +181,25 @@ for phase in "$@"; do
                 --mode ${BISECT_MODE:-plain} --gate-log $R/warmup-soakseed.log --gate-done /tmp/session/soakseed.done \
                 --serving-marker /tmp/session/bisect.serving > $R/crash-bisect-${BISECT_MODE:-plain}.txt 2>&1 ;;
     mintokens) # session 22's soak crash: min_tokens against a structured output that can only end (the grammar
-              # permits only <|im_end|>, min_tokens masks it; under MTP the all -inf row kills the engine). 4-layer demo,
-              # eager: plain vLLM with the plan's argv gets the first candidate alone (expected: the engine dies), then
-              # turingbox serve (the plugin's fix_min_tokens_vs_grammar and fix_out_of_vocab_ids) gets all of them, one
-              # by one and together; the last (allowed_token_ids [90], "{", with a json_object) empties its row at the
-              # second token without min_tokens.
+              # permits only <|im_end|>, min_tokens masks it; under MTP the all -inf row killed the 64-layer engine).
+              # 4-layer demo, eager: turingbox serve (the plugin's fix_min_tokens_vs_grammar and fix_out_of_vocab_ids)
+              # gets all the candidates, one by one and together (the last, allowed_token_ids [90] "{" with a
+              # json_object, empties its row at the second token without min_tokens); then plain vLLM with the plan's
+              # argv, on a copy of turingbox's entry (its cold start took 219 s in session 25, the copy saves most of
+              # it), gets the first alone (session 25: a 500 "Internal server error", the engine alive)
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4
               export TURINGBOX_ENFORCE_EAGER=1 TURINGBOX_GPU_MEMORY_UTILIZATION=0.5
               CUDA_VISIBLE_DEVICES=$one python3 -m turingbox plan --model /tmp/demo4 --json > $R/plan-mintokens.json
               python3 -c "import json; json.dump(json.load(open('bench/gpu/min_tokens_candidates.json'))[:1], open('/tmp/mintokens-plain.json', 'w'))"
-              CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 660 python3 bench/gpu/crash_bisect.py --plan $R/plan-mintokens.json \
-                --candidates /tmp/mintokens-plain.json --mode plain --repeat 0 --no-restart --port 8300 --cache /tmp/mt-plain \
-                --ready-limit 540 > $R/mintokens-plain.txt 2>&1
+              rm -rf /tmp/mt-tb /tmp/mt-plain
               CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 660 python3 bench/gpu/crash_bisect.py --plan $R/plan-mintokens.json \
                 --candidates bench/gpu/min_tokens_candidates.json --mode turingbox --repeat 1 --port 8400 \
                 --cache /tmp/mt-tb --ready-limit 540 > $R/mintokens-turingbox.txt 2>&1
+              mkdir -p /tmp/mt-plain; key=$(ls /tmp/mt-tb/entries 2>/dev/null | head -1)
+              [ -z "$key" ] || cp -a /tmp/mt-tb/entries/$key/. /tmp/mt-plain/
+              CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 660 python3 bench/gpu/crash_bisect.py --plan $R/plan-mintokens.json \
+                --candidates /tmp/mintokens-plain.json --mode plain --repeat 0 --no-restart --port 8300 --cache /tmp/mt-plain \
+                --ready-limit 540 > $R/mintokens-plain.txt 2>&1
               unset TURINGBOX_ENFORCE_EAGER TURINGBOX_GPU_MEMORY_UTILIZATION ;;
     soakseed) # issue 15: the 64-layer demo's entry at the soak's memory share, filled cold by `warmup --seed-only`
               [ -d /tmp/demo ] || python3 -m turingbox demo-model /tmp/demo
