@@ -14,7 +14,7 @@ X=$(cd c02 && ls xgrammar-*.whl)
 split -b 24M -d -a 1 "c02/$X" "/tmp/restage/$X.x"
 limit=$((40 * 1024 * 1024)); n=0; size=0; d=s00; mkdir -p $d
 next() { n=$((n + 1)); d=$(printf "s%02d" $n); mkdir -p "$d"; size=0; }
-for f in c00/*.whl c01/*.whl /tmp/restage/*; do   # first fit, in order
+for f in c00/*.whl c01/*.whl /tmp/restage/*; do   # in order; a new folder when the next file would overflow this one
   s=$(stat -c %s "$f")
   [ $((size + s)) -le $limit ] || next
   cp "$f" "$d/"; size=$((size + s))
