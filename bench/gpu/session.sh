@@ -65,6 +65,9 @@ soak_gate() { [ -z "$SOAK_PEER" ] || echo "bash bench/gpu/soak_gate.sh $SOAK_PEE
 # engine 7.6 GiB over its budget after a prompt_logprobs request, fixed since in the plugin).
 gpu_memory() { echo "nvidia-smi --query-compute-apps=pid,used_memory --format=csv > \$OUT/gpu-memory-$1.txt 2>&1"; }
 soak_limit=$(( SOAK_MAX_S + 2 * SOAK_GATE_S + 2400 ))
+# Plain vLLM's cache root made from a turingbox cache root's entry (its vllm/, triton/, inductor/; empty without one)
+entry_as_plain_cache() { local key; mkdir -p "$2"; key=$(ls "$1/entries" 2>/dev/null | head -1)
+  [ -z "$key" ] || cp -a "$1/entries/$key/." "$2/"; }
 # Issue 18's bench steps (startup, startupx): $1 phase, $2 bench flags; BENCH_TB_WRAP passes through the environment.
 startup_step() {
   echo "--- $1 $2 $(date +%T)" >> $R/startup.txt
@@ -195,8 +198,7 @@ for phase in "$@"; do
               CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 660 python3 bench/gpu/crash_bisect.py --plan $R/plan-mintokens.json \
                 --candidates bench/gpu/min_tokens_candidates.json --mode turingbox --repeat 1 --port 8400 \
                 --cache /tmp/mt-tb --ready-limit 540 > $R/mintokens-turingbox.txt 2>&1
-              mkdir -p /tmp/mt-plain; key=$(ls /tmp/mt-tb/entries 2>/dev/null | head -1)
-              [ -z "$key" ] || cp -a /tmp/mt-tb/entries/$key/. /tmp/mt-plain/
+              entry_as_plain_cache /tmp/mt-tb /tmp/mt-plain
               CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 660 python3 bench/gpu/crash_bisect.py --plan $R/plan-mintokens.json \
                 --candidates /tmp/mintokens-plain.json --mode plain --repeat 0 --no-restart --port 8300 --cache /tmp/mt-plain \
                 --ready-limit 540 > $R/mintokens-plain.txt 2>&1
@@ -227,8 +229,7 @@ for phase in "$@"; do
               rm -rf /tmp/tbsoak-seeded /tmp/tbsoak-plain
               if [ "${SOAK_CACHES:-seeded}" = empty ]; then echo "soak64: empty caches (no soakseed)" | tee $R/soak64-caches.txt
               else cp -a /tmp/tbsoak /tmp/tbsoak-seeded; echo "soak64: a copy of soakseed's entry" > $R/soak64-caches.txt; fi
-              key=$(ls /tmp/tbsoak/entries 2>/dev/null | head -1)
-              if [ -n "$key" ]; then cp -a /tmp/tbsoak/entries/$key /tmp/tbsoak-plain; else mkdir -p /tmp/tbsoak-plain; fi
+              entry_as_plain_cache /tmp/tbsoak /tmp/tbsoak-plain
               timeout $soak_limit python3 bench/gpu/side_by_side.py --model /tmp/demo --phase soak64 --gpus $one,$one \
                 --cache /tmp/tbsoak-seeded --plain-cache /tmp/tbsoak-plain --out $R --no-decode --ready-limit 900 \
                 ${SOAK_UTIL:+--env TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} "${soak_after[@]}" \

@@ -100,7 +100,6 @@ def test_sigterm_to_the_script_stops_its_server(tmp_path):
     assert not _alive(child)
 
 
-
 def test_turingbox_mode_sees_the_sidecar_ready(tmp_path, monkeypatch):
     """Session 25's `mintokens` on the GPU: turingbox mode polled "/ready", which the sidecar does not serve, so a
     ready `turingbox serve` was waited on until the limit and none of the candidates was sent. Through the real
