@@ -19,7 +19,8 @@ The engine crash our traffic soak found (docs/data/2026-12-01-h200-s5/crash-anal
 `mask_rows` fixes 1. `logprobs_ids` keeps 2 from killing the engine whatever produced the id: the id is
 dropped from the output by `parse_output` anyway, so its logprob is never read. `prompt_logprobs_slices` keeps
 a prompt_logprobs request from needing GiBs that vLLM's memory profile never reserved (session 10's soak).
-`compile_key_locations` keeps vLLM's compile cache valid under another HOME (session 11's startup A/B).
+`compile_key_locations` keeps vLLM's compile cache valid under another HOME (session 11's startup A/B), and
+`kv_size_out_of_compile_key` under `--kv-cache-memory-bytes` (issue 35: the KV size a seed measured).
 `tokenizer_pool_after_engine_start` takes the API server's tokenizer copies off the path to ready (session 12).
 """
 from __future__ import annotations
@@ -760,6 +761,45 @@ def fix_compile_key_locations() -> str:
     return "applied"
 
 
+# vLLM 0.21.0's CacheConfig.compute_hash leaves these out of the compile key; kv_cache_memory_bytes is not among them.
+CACHE_HASH_IGNORES_UTILIZATION = '"gpu_memory_utilization",'
+
+
+def fix_kv_size_out_of_compile_key() -> str:
+    """`--kv-cache-memory-bytes` no longer moves vLLM's compile cache: the KV size leaves its key, as
+    `--gpu-memory-utilization` already does.
+
+    vLLM 0.21's CacheConfig.compute_hash hashes every field but a list that sizes memory without changing the graph
+    (gpu_memory_utilization, num_gpu_blocks, ...); kv_cache_memory_bytes, the same allocation in bytes, is missing
+    from it. So a start given the KV size its seed measured, which skips vLLM's CUDA-graph memory profile, found
+    another compile folder and recompiled every graph. Fixed upstream after 0.21 (vllm#47356). Here the hash is the
+    one vLLM computes without the flag, so an entry seeded without it loads at a start with it, and plain vLLM (no
+    plugin, no flag) on a copy of that entry loads too. Applied in the worker, where vLLM computes the key.
+    """
+    from vllm.config.cache import CacheConfig
+
+    current = CacheConfig.compute_hash
+    if getattr(current, "_turingbox_kv_size", False):
+        return "applied"
+    source = inspect.getsource(current)
+    if CACHE_HASH_IGNORES_UTILIZATION not in source:
+        return "skipped: vllm.config.cache.CacheConfig.compute_hash is not vLLM 0.21.0's"
+    if '"kv_cache_memory_bytes"' in source:
+        return "skipped: vLLM already leaves kv_cache_memory_bytes out of its compile key"
+
+    @functools.wraps(current)
+    def compute_hash(self: Any) -> str:
+        if getattr(self, "kv_cache_memory_bytes", None) is None:
+            return current(self)
+        flagless = copy.copy(self)              # a shallow copy: the config the engine uses stays as it is
+        object.__setattr__(flagless, "kv_cache_memory_bytes", None)
+        return current(flagless)
+
+    compute_hash._turingbox_kv_size = True                 # type: ignore[attr-defined]
+    CacheConfig.compute_hash = compute_hash
+    return "applied"
+
+
 # vLLM 0.21.0's maybe_make_thread_pool (vllm/tokenizers/hf.py): the copies it makes before it returns.
 POOL_FILLED_AT_ONCE = """    for _ in range(copies):
         tokenizer_pool.put(copy.deepcopy(og_tokenizer))"""
@@ -897,7 +937,8 @@ FIXES: dict[str, Callable[[], str]] = {"mask_rows": fix_mask_rows, "logprobs_ids
                                        "min_tokens_vs_grammar": fix_min_tokens_vs_grammar,
                                        "prompt_logprobs_slices": fix_prompt_logprobs_slices,
                                        "prompt_logprobs_vs_drafter": fix_prompt_logprobs_vs_drafter,
-                                       "compile_key_locations": fix_compile_key_locations}
+                                       "compile_key_locations": fix_compile_key_locations,
+                                       "kv_size_out_of_compile_key": fix_kv_size_out_of_compile_key}
 
 
 def apply_all() -> dict[str, str]:

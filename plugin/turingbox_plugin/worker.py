@@ -156,6 +156,16 @@ class TuringboxWorker(Worker):
             self._require(installed, "the plan asked for the turbo GDN path but it is not active")
         return super().load_model(*args, **kwargs)
 
+    def determine_available_memory(self, *args: Any, **kwargs: Any) -> int:
+        """vLLM's KV size for this worker, reported in the status file: a start that profiled it (no
+        --kv-cache-memory-bytes) tells the appliance what to give the next start of the same plan, which then skips
+        vLLM's CUDA-graph memory profile (issue 35)."""
+        available = super().determine_available_memory(*args, **kwargs)
+        if self.tb_status:
+            given = self.cache_config.kv_cache_memory_bytes is not None
+            self.tb_status.update(kv_cache={"bytes": int(available), "given": given})
+        return available
+
     def compile_or_warm_up_model(self, *args: Any, **kwargs: Any):
         s = self.tb_settings
         if not s.active:

@@ -183,3 +183,31 @@ def test_worker_class_subclasses_vllm_gpu_worker():
     out = subprocess.run([sys.executable, "-c", WORKER_CHECK], capture_output=True, text=True, timeout=300,
                          env=_with_vllm(dict(os.environ)))
     assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "ok", out.stderr[-3000:]
+
+
+WORKER_KV_CHECK = """
+import json, sys, tempfile
+from vllm.config.cache import CacheConfig
+from vllm.v1.worker.gpu_worker import Worker
+from turingbox_plugin.status import StatusWriter, read_worker_status
+from turingbox_plugin.worker import TuringboxWorker
+# vLLM's profile needs a GPU: its result stands in, the override around it is the real one
+Worker.determine_available_memory = lambda self: self.cache_config.kv_cache_memory_bytes or 81 * 2**30
+out = {}
+for name, cache in (("profiled", CacheConfig()), ("given", CacheConfig(kv_cache_memory_bytes=40 * 2**30))):
+    runtime = tempfile.mkdtemp()
+    worker = TuringboxWorker.__new__(TuringboxWorker)
+    worker.cache_config, worker.tb_status = cache, StatusWriter(runtime, 0, {"stage": "compiling"})
+    returned = worker.determine_available_memory()
+    out[name] = {"returned": returned, "status": read_worker_status(runtime)[0].get("kv_cache")}
+print(json.dumps(out))
+"""
+
+
+def test_worker_reports_the_kv_size_vllm_sized_and_whether_it_was_given():
+    out = subprocess.run([sys.executable, "-c", WORKER_KV_CHECK], capture_output=True, text=True, timeout=300,
+                         env=_with_vllm(dict(os.environ)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["profiled"] == {"returned": 81 << 30, "status": {"bytes": 81 << 30, "given": False}}
+    assert got["given"] == {"returned": 40 << 30, "status": {"bytes": 40 << 30, "given": True}}

@@ -38,7 +38,8 @@ def test_fixes_keep_masks_with_their_requests_and_the_gather_in_range():
     out = run("patched")
     assert out["applied"] == {"mask_rows": "applied", "logprobs_ids": "applied", "out_of_vocab_ids": "applied",
                              "min_tokens_vs_grammar": "applied", "prompt_logprobs_slices": "applied",
-                             "prompt_logprobs_vs_drafter": "applied", "compile_key_locations": "applied"} \
+                             "prompt_logprobs_vs_drafter": "applied", "compile_key_locations": "applied",
+                             "kv_size_out_of_compile_key": "applied"} \
         == out["applied_again"]
     assert out["recycled_row"] == V and out["moved_row"] == 5
     assert out["swapped"] == {"x": 5, "y": V}
