@@ -52,7 +52,8 @@ MARKERS = (
     ("process start + import", "vLLM server version"),
     ("engine process start", "Starting to load model"),
     ("weights", "Model loading took"),
-    ("compile + profile", "Available KV cache memory"),
+    # the second: a start given --kv-cache-memory-bytes (the KV size its cache entry recorded) skips the profile
+    ("compile + profile", ("Available KV cache memory", "as specified by kv_cache_memory_bytes config")),
     ("KV cache + CUDA graphs", "init engine (profile, create kv cache, warmup model) took"),
 )
 # Log evidence: name -> regex counted over the whole log.
@@ -65,6 +66,8 @@ SIGNALS = {
     # Triton's own print (TRITON_PRINT_AUTOTUNING=1): one line per config benchmarked; 0 when results came from its
     # autotune cache (TRITON_CACHE_AUTOTUNING=1 and a hit) or from turingbox's entry
     "autotune_configs_benched": r"Autotuning kernel \w+ with config",
+    # vLLM was given the KV size (--kv-cache-memory-bytes, issue 35) and skipped its CUDA-graph memory profile
+    "kv_size_given": r"as specified by kv_cache_memory_bytes config",
 }
 # vLLM's monitor line for the profile run (Dynamo/Inductor, FLA's autotunes and every first Triton compile land in it)
 PROFILE_RUN = re.compile(r"Initial profiling/warmup run took ([0-9.]+) s")
@@ -213,8 +216,9 @@ def wait_until(run: Run, checks: list[tuple[int, str]], deadline: float) -> floa
 def breakdown(run: Run, upstream_s: float | None, ready_s: float | None) -> dict[str, float]:
     out: dict[str, float] = {}
     last = 0.0
-    for stage, needle in MARKERS:
-        t = run.first(needle)
+    for stage, needles in MARKERS:
+        seen = [t for t in map(run.first, (needles,) if isinstance(needles, str) else needles) if t is not None]
+        t = min(seen) if seen else None
         if t is not None and t >= last:
             out[stage] = round(t - last, 3)
             last = t

@@ -45,7 +45,8 @@ MILESTONES = [
     ("distributed init, sampler", "EngineCore", r"Starting to load model"),
     ("weights (dummy) + drafter", "EngineCore", r"Model loading took"),
     ("torch.compile from the cache (model + drafter)", "EngineCore", r"torch\.compile took .* in total"),
-    ("KV cache profiling", "EngineCore", r"Available KV cache memory"),
+    # given --kv-cache-memory-bytes (the size its cache entry recorded), vLLM skips the profile and says so instead
+    ("KV cache profiling", "EngineCore", r"Available KV cache memory|as specified by kv_cache_memory_bytes config"),
     ("CUDA graph capture", "EngineCore", r"Graph capturing finished"),
     ("strict warmup (plugin)", "EngineCore", r"turingbox warmup: \d+ kernels"),
     ("engine handshake, API server routes + chat template", "APIServer", r"Starting vLLM server on"),

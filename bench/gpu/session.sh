@@ -29,6 +29,7 @@
 #     (ckptwrite, may run beside a phase whose seconds are not measured), then the disk's read speed and vLLM's load
 #     formats against it (ckptload, CKPT_FORMATS; alone on the machine)
 #   startup: issue 18's A/B, bench/startup.sh; STARTUP_STEPS names its steps
+#   kvcut: issue 35's --kv-cache-memory-bytes from the seed: seeded starts with and without it (startup's steps)
 #   plmem: prompt_logprobs memory on startup's caches
 #   startupx: turingbox warm under py-spy; STARTUP_NOACTIVE=1 adds one without the active warmup, STARTUP_SPAWN=1 a
 #     spawned one
@@ -294,6 +295,17 @@ for phase in "$@"; do
               # vLLM's own record of what its compile key hashed, per start (session 11: HOME moved it)
               find /tmp/turingbox-bench -name cache_key_factors.json -path '*backbone*' | while read -r f; do
                 echo "== $f"; cat "$f"; done > $R/startup/cache-key-factors.txt 2>&1 ;;
+    kvcut)    # issue 35's first cut: a seeded start given the KV size the seed's loading start recorded in the entry
+              # (--kv-cache-memory-bytes, so vLLM skips its CUDA-graph memory profile) against one that profiles, twice
+              # each, alternating, each from a fresh copy of the same seed (startup's steps; 64-layer demo, plan defaults)
+              build_modelinfos_once
+              for step in "seed|" "seeded|--only turingbox --label kv-profiled --tb-env TURINGBOX_KV_SIZE_FROM_CACHE=0" \
+                  "seeded|--only turingbox --label kv-given" \
+                  "seeded|--only turingbox --label kv-profiled-2 --tb-env TURINGBOX_KV_SIZE_FROM_CACHE=0" \
+                  "seeded|--only turingbox --label kv-given-2" "report|"; do
+                startup_step "${step%%|*}" "${step#*|}"
+              done
+              grep -h "KV cache size\|kv_cache_memory_bytes" /tmp/turingbox-bench/logs/*.log > $R/startup/kvcut-lines.txt 2>&1 ;;
     startupx) # after startup, on its caches: turingbox warm with a spawned engine core (fork's own share), then warm
               # under py-spy (where each second of a seeded start goes, per process; the wheel is staged in
               # .device-wheels/extra, bench/gpu/README.md), then warm without the active warmup, ~250 s.

@@ -5,6 +5,7 @@ caches it claims, and that the JSON and the chart come out. The real run is `mak
 on a GPU host."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -237,3 +238,26 @@ def test_fair_ab_names_every_start_and_compares_against_plain_at_its_best(tmp_pa
     # the labelled runs keep their own logs beside the baseline's
     logs = tmp_path / "work" / "logs"
     assert (logs / "warm+start3-plain.log").exists() and (logs / "warm+default-plain.log").exists()
+
+
+def test_the_breakdown_ends_the_profile_stage_at_either_kv_line():
+    """vLLM 0.21 says "Available KV cache memory" after profiling, or, given --kv-cache-memory-bytes, that it
+    reserved that size and skipped the profile (gpu_worker.py); either ends the compile + profile stage."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import startup
+
+    def run_of(lines):
+        run = startup.Run.__new__(startup.Run)
+        run.lines = list(enumerate(lines, start=1))
+        return run
+    head = ["INFO vLLM server version 0.21.0", "INFO Starting to load model /m", "INFO Model loading took 51 GiB"]
+    tail = ["INFO init engine (profile, create kv cache, warmup model) took 9.1 seconds"]
+    profiled = startup.breakdown(run_of(head + ["INFO Available KV cache memory: 81.19 GiB"] + tail), 6, 7)
+    given = startup.breakdown(run_of(head + [
+        "INFO Initial free memory 139.1 GiB, reserved 81.19 GiB memory for KV Cache as specified by "
+        "kv_cache_memory_bytes config and skipped memory profiling."] + tail), 6, 7)
+    assert profiled == given == {"process start + import": 1, "engine process start": 1, "weights": 1,
+                                 "compile + profile": 1, "KV cache + CUDA graphs": 1, "API server start": 1,
+                                 "turingbox warmup + checks": 1}
+    log_line = "reserved 81.19 GiB memory for KV Cache as specified by kv_cache_memory_bytes config"
+    assert re.search(startup.SIGNALS["kv_size_given"], log_line)

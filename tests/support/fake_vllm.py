@@ -13,7 +13,9 @@ received them. A request
 whose client goes away (connection closed) before its answer is complete, stream or not, gets a "cancelled"
 event: vLLM 0.21 aborts such a request (its disconnect handling), so this is the record of an abort. Like vLLM 0.21 it binds its port first and answers only once
 its (simulated) engine is up, printing vLLM's own stage log lines on the way. Like the
-turingbox plugin, it writes `<runtime_dir>/worker-<n>.json` for each worker (TP ranks x DP engines).
+turingbox plugin, it writes `<runtime_dir>/worker-<n>.json` for each worker (TP ranks x DP engines), with the
+KV cache size as the plugin reports it: kv-cache-bytes when it "profiled", the size it was given with
+--kv-cache-memory-bytes otherwise (and vLLM's line for either).
 
 Switches: a `--fake-NAME VALUE` flag (e.g. after `turingbox serve ... --`) or the environment
 variable FAKE_VLLM_NAME (upper case, '-' -> '_'):
@@ -43,6 +45,7 @@ variable FAKE_VLLM_NAME (upper case, '-' -> '_'):
                       supported" (a server without structured-output support)
   structured-delay F  grammar requests answer F seconds late: a grammar that compiles slowly (0)
   plugin MODE         ok | missing | fail: the worker status files written (ok)
+  kv-cache-bytes N    the KV cache size its memory profile "measures" (10 GiB, as its log line says)
   jit-after-ready S   "kernel=count,..." reported as JIT compiles after ready
   ignore-sigterm 1    ignore SIGTERM (serve must escalate to SIGKILL)
   sigterm-seconds F   time to shut down after SIGTERM (0)
@@ -86,6 +89,7 @@ DEFAULTS = {
     "prefill-per-token": "0", "record": "", "structured-outputs": "", "structured-delay": "0",
     # data-parallel engines whose workers report (empty: all); fewer stands for an engine whose plugin is not active
     "engines-reporting": "",
+    "kv-cache-bytes": str(10 << 30),
 }
 RECORDED_FIELDS = ("n", "max_tokens", "max_completion_tokens", "max_output_tokens", "model", "stream", "use_beam_search",
                    "best_of", "temperature")
@@ -143,6 +147,7 @@ def parse(argv: list[str]) -> dict:
             "tp": int(flag_value(argv, "--tensor-parallel-size") or 1),
             "dp": int(flag_value(argv, "--data-parallel-size") or 1),
             "api_key": flag_value(argv, "--api-key"),
+            "kv_given": flag_value(argv, "--kv-cache-memory-bytes"),
             "speculative": flag_value(argv, "--speculative-config") is not None}
     extra = flag_value(argv, "--additional-config")
     try:
@@ -574,11 +579,17 @@ def write_worker_status() -> None:
         ok = O["plugin"] == "ok"
         status = {"plugin_version": "fake", "pid": os.getpid(), "rank": rank, "stage": "ready" if ok else "failed",
                   "warmup": {"kernels": 7, "seconds": 0.1, "ok": ok, "error": None if ok else "fake warmup failure"},
-                  "jit_after_ready": jit, "gdn_path": O["turingbox"].get("gdn", "vllm"), "active": {}}
+                  "jit_after_ready": jit, "gdn_path": O["turingbox"].get("gdn", "vllm"), "active": {},
+                  "kv_cache": {"bytes": kv_cache_bytes(), "given": O["kv_given"] is not None}}
         tmp = os.path.join(runtime_dir, f".worker-{rank}.tmp")
         with open(tmp, "w") as f:
             json.dump(status, f)
         os.replace(tmp, os.path.join(runtime_dir, f"worker-{rank}.json"))
+
+
+def kv_cache_bytes() -> int:
+    """What vLLM sizes the KV cache at: the bytes it was given, else what its memory profile measured."""
+    return int(O["kv_given"] if O["kv_given"] is not None else O["kv-cache-bytes"])
 
 
 def on_sigterm(sig, frame) -> None:
@@ -633,9 +644,13 @@ def main(argv: list[str]) -> None:
                    "loaded": ("backends.py:292", "Directly load the compiled graph(s) for compile range (1, 8192) "
                                                  "from the cache, took 0.010 s")}
     graphs = [graph_lines[O["graphs"]]] * 2 if O["graphs"] in graph_lines else []
+    kv_gib = kv_cache_bytes() / 2**30
+    kv_line = (f"Initial free memory 139.10 GiB, reserved {kv_gib:.2f} GiB memory for KV Cache as specified by "
+               "kv_cache_memory_bytes config and skipped memory profiling." if O["kv_given"] is not None
+               else f"Available KV cache memory: {kv_gib:.2f} GiB")
     startup_stage("compiling", [("backends.py:1149", "Dynamo bytecode transform time: 0.01 s"), *graphs],
                   [("monitor.py:53", "torch.compile took 0.02 s in total"),
-                   ("gpu_worker.py:463", "Available KV cache memory: 10.00 GiB"),
+                   ("gpu_worker.py:463", kv_line),
                    ("kv_cache_utils.py:1710", "GPU KV cache size: 100,000 tokens")])
     startup_stage("capturing", [("gpu_model_runner.py:6305", "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%")],
                   [("gpu_model_runner.py:6244", "Graph capturing finished in 1 secs, took 0.10 GiB"),

@@ -18,7 +18,8 @@ from turingbox import config
 from turingbox.cache import store
 from turingbox.config import CacheSettings, LauncherSettings, WarmupSettings
 from turingbox.engine.engine import Engine, EngineNotAnswering, EngineUnfit
-from turingbox.engine.launch import parent_env, vllm_env
+from turingbox.engine.launch import (engine_signature, kv_size_args, kv_size_sentence, measured_kv_size, parent_env,
+                                     vllm_env)
 from turingbox.errors import UsageError
 from turingbox.model import hub
 from turingbox.plan.types import Plan
@@ -67,13 +68,13 @@ def warmup(make_plan: Callable[[], Plan], cache: CacheSettings, settings: Warmup
     stage("cache")
     session = store.prepare_cache(plan, cache)
     try:
-        return _seed(plan, session, settings, launcher, seed_only, passthrough)
+        return _seed(plan, session, settings, launcher, seed_only, passthrough, cache.kv_size_from_cache)
     finally:
         session.close()   # a private/cold copy lives in TMPDIR: never leave it behind
 
 
 def _seed(plan: Plan, session: store.CacheSession, settings: WarmupSettings, launcher: LauncherSettings,
-          seed_only: bool, passthrough: list[str]) -> int:
+          seed_only: bool, passthrough: list[str], kv_size_from_cache: bool = True) -> int:
     for line in session.status["events"]:
         print(f"turingbox: {line}", flush=True)
     if session.status["result"] == "hit" and session.mode == "shared" and not seed_only:
@@ -84,7 +85,8 @@ def _seed(plan: Plan, session: store.CacheSession, settings: WarmupSettings, lau
     ok = False
     try:
         _warm_engine(plan, session, list(passthrough), vllm_command=launcher.vllm_command,
-                     warmup_timeout_s=settings.warmup_timeout, stop_grace_s=launcher.vllm_stop_grace_seconds)
+                     warmup_timeout_s=settings.warmup_timeout, stop_grace_s=launcher.vllm_stop_grace_seconds,
+                     kv_size_from_cache=kv_size_from_cache)
         ok = True
     except UsageError:
         raise
@@ -120,7 +122,7 @@ def _print_result(session: store.CacheSession, plan: Plan) -> None:
 
 
 def _warm_engine(plan: Plan, session: store.CacheSession, passthrough: list[str], *, vllm_command: str | None,
-                 warmup_timeout_s: float, stop_grace_s: float) -> None:
+                 warmup_timeout_s: float, stop_grace_s: float, kv_size_from_cache: bool = True) -> None:
     """Start vLLM with serve's own engine start (turingbox.engine.engine.Engine), wait until it answers, check the
     workers' strict warmup, run the active warmup, stop it gracefully.
 
@@ -137,7 +139,8 @@ def _warm_engine(plan: Plan, session: store.CacheSession, passthrough: list[str]
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, interrupt, sig)
         try:
-            await _warm_engine_async(plan, session, passthrough, vllm_command, warmup_timeout_s, stop_grace_s)
+            await _warm_engine_async(plan, session, passthrough, vllm_command, warmup_timeout_s, stop_grace_s,
+                                     kv_size_from_cache)
         except asyncio.CancelledError:
             if received:
                 raise SeedFailed(f"Seeding cache entry {session.key} was interrupted by "
@@ -147,18 +150,21 @@ def _warm_engine(plan: Plan, session: store.CacheSession, passthrough: list[str]
 
 
 async def _warm_engine_async(plan: Plan, session: store.CacheSession, passthrough: list[str],
-                             vllm_command: str | None, warmup_timeout_s: float, stop_grace_s: float) -> None:
-    compiled = await _start_once(plan, session, passthrough, vllm_command, warmup_timeout_s, stop_grace_s)
+                             vllm_command: str | None, warmup_timeout_s: float, stop_grace_s: float,
+                             kv_size_from_cache: bool = True) -> None:
+    compiled = await _start_once(plan, session, passthrough, vllm_command, warmup_timeout_s, stop_grace_s,
+                                 kv_size_from_cache)
     if compiled:
         # vLLM sizes its KV cache from the memory its profile run peaked at, and a start that compiles its graphs
         # peaks higher than one that loads them (H200, 64-layer demo: 79.84 against 81.19 GiB). Triton specialises
         # kernels on KV-derived integers, so the first served start, which loads, compiled kernels again (576
         # Triton cache files, ~10 s of its 75 s, session 12). A second start here loads as serve will and leaves
-        # them in the entry.
+        # them in the entry, and records the KV size it profiled, which the next start is given (issue 35).
         stage("loading-start", f"vLLM compiled {compiled} graph(s); starting it once more as serve will, "
                                "loading them, to fill the kernels of that KV cache size")
         try:
-            await _start_once(plan, session, passthrough, vllm_command, warmup_timeout_s, stop_grace_s)
+            await _start_once(plan, session, passthrough, vllm_command, warmup_timeout_s, stop_grace_s,
+                              kv_size_from_cache)
         except SeedFailed as exc:
             raise SeedFailed(f"The seed's second (loading) start failed: {exc}") from None
         except Exception as exc:      # the active warmup's one sentence, or the engine's own failure
@@ -166,30 +172,38 @@ async def _warm_engine_async(plan: Plan, session: store.CacheSession, passthroug
 
 
 async def _start_once(plan: Plan, session: store.CacheSession, passthrough: list[str], vllm_command: str | None,
-                      warmup_timeout_s: float, stop_grace_s: float) -> int:
+                      warmup_timeout_s: float, stop_grace_s: float, kv_size_from_cache: bool = True) -> int:
     """One vLLM start (serve's Engine: the same argv, environment, supervisor, wait and worker check) with its own
-    runtime folder (workers' status files are per start; a serve beside it keeps its own). Returns how many
-    torch.compile graphs vLLM said it compiled (not loaded) at this start."""
+    runtime folder (workers' status files are per start; a serve beside it keeps its own). As serve, it is given
+    the KV size the entry recorded (kv_size_from_cache), and a start that loaded its graphs and profiled the KV
+    size records it. Returns how many torch.compile graphs vLLM said it compiled (not loaded) at this start."""
     compiled = 0
+    signature = engine_signature(plan.vllm_args, passthrough)
+    recorded = session.kv_size(signature) if kv_size_from_cache else None
+    print(f"turingbox: {kv_size_sentence(kv_size_from_cache, recorded, passthrough)}", flush=True)
 
     def count_compiled(line: str) -> None:
         nonlocal compiled
         compiled += GRAPH_COMPILED in line
     engine = Engine(plan, env=vllm_env(parent_env(), plan.env, session.env),
                     runtime_base=plan.env.get(RUNTIME_DIR_ENV) or tempfile.gettempdir(), kind="warmup",
-                    vllm_command=vllm_command, passthrough=passthrough, answer_timeout_s=warmup_timeout_s,
+                    vllm_command=vllm_command, passthrough=passthrough,
+                    extra_args=kv_size_args(recorded, passthrough), answer_timeout_s=warmup_timeout_s,
                     stop_grace_s=stop_grace_s, on_stage=stage, on_line=count_compiled, output=sys.stdout.buffer)
     try:
         await engine.start()
         try:
             await engine.wait_until_answering(
                 lambda: f"vLLM did not answer within warmup_timeout={warmup_timeout_s:.0f} s.")
-            engine.check(strict=True)
+            workers = engine.check(strict=True)
         except (EngineNotAnswering, EngineUnfit) as exc:
             raise SeedFailed(str(exc)) from None
         stage("active-warmup")
         await asyncio.to_thread(run_active_warmup, engine.url, engine.served_model, engine.api_key,
                                 max(60.0, engine.seconds_left()))
+        kv_bytes = measured_kv_size(workers, compiled, plan.tensor_parallel_size * max(1, plan.data_parallel_size))
+        if kv_bytes is not None and session.record_kv_size(kv_bytes, signature):
+            print(f"turingbox: {session.status['events'][-1]}", flush=True)
     finally:
         await engine.stop()
         engine.remove_runtime_dir()

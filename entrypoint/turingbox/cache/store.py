@@ -2,7 +2,8 @@
 
 Layout (see docs/caches.md):
 
-    <root>/entries/<cache_key>/manifest.json   fingerprint inputs, created/completed, sizes, hits, tools
+    <root>/entries/<cache_key>/manifest.json   fingerprint inputs, created/completed, sizes, hits, tools, and the
+                                               KV cache size a start measured (kv_cache, issue 35)
     <root>/entries/<cache_key>/vllm/            VLLM_CACHE_ROOT (torch.compile artifacts, AOT graphs)
     <root>/entries/<cache_key>/triton/          TRITON_CACHE_DIR (kernels + *.autotune.json)
     <root>/entries/<cache_key>/inductor/        TORCHINDUCTOR_CACHE_DIR
@@ -464,6 +465,36 @@ class CacheSession:
                     self._lock = None
             self.status["completed"] = completed
             return self.status
+
+    def kv_size(self, signature: str) -> int | None:
+        """The KV cache size an earlier start recorded in this entry (record_kv_size), when it was measured with the
+        same engine signature (launch.engine_signature); else None. Never raises."""
+        kv = (read_manifest(self.entry) or {}).get("kv_cache")
+        if not isinstance(kv, dict) or kv.get("signature") != signature:
+            return None
+        nbytes = kv.get("bytes")
+        return nbytes if isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes > 0 else None
+
+    def record_kv_size(self, nbytes: int, signature: str) -> bool:
+        """Record the KV cache size a start profiled in the entry's manifest (key "kv_cache"), so the next start of
+        the same signature can skip vLLM's memory profile. Only while the session holds the entry (before finish:
+        the writer lock is this session's until then). Never raises; whether it was written."""
+        with self._guard:
+            if self._finished:
+                return False
+            try:
+                manifest = read_manifest(self.entry)
+                if manifest is None:
+                    return False
+                manifest["kv_cache"] = {"bytes": int(nbytes), "signature": signature, "recorded": utc_now()}
+                write_json_atomic(os.path.join(self.entry, MANIFEST), manifest)
+            except OSError as exc:
+                _event(self.status, logging.WARNING,
+                       f"cache entry {self.key}: could not record the KV cache size: {exc}")
+                return False
+        _event(self.status, logging.INFO, f"cache entry {self.key}: recorded the KV cache size vLLM profiled, "
+               f"{nbytes / 2**30:.2f} GiB, for the next start of this plan")
+        return True
 
     def close(self, wait: bool = True) -> None:
         """finish(False) unless already finished (waiting for a finish still publishing), then delete

@@ -103,13 +103,15 @@ class ServeSettings(_Group):
 
 @dataclass(frozen=True)
 class CacheSettings(_Group):
-    """The compile cache: the volume, the baked read-only root, the lock wait and the ahead-of-time sources."""
+    """The compile cache: the volume, the baked read-only root, the lock wait, the ahead-of-time sources and
+    whether a start takes the KV cache size its entry recorded."""
     cache_dir: str = _default("cache_dir")
     baked_cache_dir: str | None = _default("baked_cache_dir")
     cache_lock_wait: float = _default("cache_lock_wait")
     aot_triton_dir: str | None = _default("aot_triton_dir")
     aot_flashinfer_dir: str | None = _default("aot_flashinfer_dir")
     aot_modelinfos_dir: str | None = _default("aot_modelinfos_dir")
+    kv_size_from_cache: bool = _default("kv_size_from_cache")
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ class Engine:
     """
 
     def __init__(self, plan: Plan, *, env: Mapping[str, str], runtime_base: str, kind: str,
-                 vllm_command: str | None, passthrough: Sequence[str] = (), upstream_port: int | None = None,
+                 vllm_command: str | None, passthrough: Sequence[str] = (), extra_args: Sequence[str] = (),
+                 upstream_port: int | None = None,
                  answer_timeout_s: float, stop_grace_s: float,
                  on_stage: Callable[[str], None] | None = None, on_line: Callable[[str], None] | None = None,
                  supervisor: Supervisor | None = None, diagnosis: FailureDiagnosis | None = None,
@@ -59,7 +60,8 @@ class Engine:
         self.api_key = flag_value(list(passthrough), "--api-key")    # a key vLLM itself was given (after --)
         self.port = upstream_port or free_loopback_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = vllm_argv(plan.vllm_args, self.port, list(passthrough), vllm_command)
+        # extra_args: what this start adds to the plan's (a recorded KV size), before the operator's `--` args
+        self.argv = vllm_argv([*plan.vllm_args, *extra_args], self.port, list(passthrough), vllm_command)
         self.diagnosis = diagnosis or FailureDiagnosis()
         self.supervisor = supervisor or Supervisor(on_line=self._observe_line,
                                                    output=output if output is not None else sys.stdout.buffer)

@@ -39,7 +39,8 @@ from turingbox.config import CacheSettings
 from turingbox.engine.diagnosis import FailureDiagnosis
 from turingbox.engine.engine import ENGINE_READY, ENGINE_START, Engine, EngineNotAnswering, EngineUnfit
 from turingbox.engine.launch import (
-    MASK, SECRET_FLAGS, flag_value, flag_values, health_client, mask_argv, parent_env, read_workers, vllm_env
+    MASK, SECRET_FLAGS, engine_signature, flag_value, flag_values, health_client, kv_size_args, kv_size_sentence,
+    mask_argv, measured_kv_size, parent_env, read_workers, vllm_env
 )
 from turingbox.engine.supervisor import Supervisor, describe_exit
 from turingbox.errors import UsageError
@@ -187,6 +188,14 @@ def _finish_session(session: Any, ok: bool) -> None:
         log.warning("could not finish the cache entry: %s", exc)
 
 
+def _complete_session(session: Any, kv_bytes: int | None, signature: str) -> None:
+    """After ready: record the KV size this start profiled (None: nothing to record), then complete the entry;
+    in this order, since the session holds the entry's writer lock until it is finished."""
+    if kv_bytes is not None:
+        session.record_kv_size(kv_bytes, signature)
+    _finish_session(session, True)
+
+
 class StartupFailed(Exception):
     """Startup after vLLM was launched went wrong; the message is one sentence."""
 
@@ -218,6 +227,7 @@ class Controller:
         self.supervisor = Supervisor(on_line=self._observe_line, redact=self.redact)
         self.cache_session: Any = None      # until finished
         self.cache_to_close: Any = None     # until exit: close() removes a private/cold temporary copy
+        self.kv_signature = ""              # engine_signature of this start's argv (set once planned)
         self.stop_requested = asyncio.Event()
         self.upstream_died = asyncio.Event()
         self.fatal: tuple[int, str] | None = None
@@ -399,6 +409,7 @@ class Controller:
 
         # 2. caches
         env = vllm_env(parent_env(), plan.env, await self._prepare_cache(plan))
+        kv_args = await self._kv_size_args(plan)
 
         # 3. vLLM, with status files in a directory of this instance's own under the configured runtime dir:
         # two instances on one host (two compose services, serve beside a warmup) must not read each other's.
@@ -408,7 +419,7 @@ class Controller:
         # Under the controller's own supervisor, made before the plan so a signal at any stage reaches the group.
         self.engine = engine = Engine(
             plan, env=env, runtime_base=base, kind="serve", vllm_command=opts.vllm_command,
-            passthrough=self.passthrough, upstream_port=opts.upstream_port,
+            passthrough=self.passthrough, extra_args=kv_args, upstream_port=opts.upstream_port,
             answer_timeout_s=opts.startup_timeout_seconds, stop_grace_s=opts.vllm_stop_grace_seconds,
             on_stage=self._engine_stage, supervisor=self.supervisor, diagnosis=self.diagnosis)
         self.runtime_dir = self.own_runtime_dir = engine.runtime_dir
@@ -424,16 +435,19 @@ class Controller:
         # 5. active warmup with real requests, 6. the workers' plugin status
         if opts.active_warmup:
             await self._active_warmup(engine.url, engine.served_model)
-        self._check_workers(engine)
+        workers = self._check_workers(engine)
 
         self.state.upstream_url = engine.url
         self.state.startup_ok = True
         self.tracker.advance(stages.READY)
-        # Completing the cache entry walks every file of it: not on the loop that proxies requests.
+        # Completing the cache entry walks every file of it: not on the loop that proxies requests. A start that
+        # profiled its KV size (loading its graphs) records it there first, for the next start to skip the profile.
+        t = self.tracker
         session, self.cache_session = self.cache_session, None
         if session is not None:
-            _in_daemon_thread(_finish_session, session, True)
-        t = self.tracker
+            kv_bytes = measured_kv_size(workers, t.graphs_compiled,
+                                        plan.tensor_parallel_size * max(1, plan.data_parallel_size))
+            _in_daemon_thread(_complete_session, session, kv_bytes, self.kv_signature)
         log.info("ready after %.1f s (stages: %s; vLLM graphs: %d loaded from cache, %d compiled)", t.ready_after_s,
                  ", ".join(f"{k} {v:.1f} s" for k, v in t.durations.items()), t.graphs_loaded, t.graphs_compiled)
         warning = stages.compile_cache_warning(t.profile, t.graphs_compiled, t.graphs_loaded,
@@ -478,6 +492,18 @@ class Controller:
         log.info("cache %s", json.dumps(status, sort_keys=True, default=str))
         self.tracker.profile = "warm" if cache_is_warm(status) else "cold"
         return {k: str(v) for k, v in (getattr(self.cache_session, "env", {}) or {}).items()}
+
+    async def _kv_size_args(self, plan: Plan) -> list[str]:
+        """The vLLM args giving this start the KV size an earlier start of the same signature recorded in the cache
+        entry (kv_size_from_cache), with one line saying whether it was given, and why not."""
+        enabled = self.cache_settings.kv_size_from_cache
+        self.kv_signature = engine_signature(plan.vllm_args, self.passthrough)
+        session = self.cache_session
+        recorded = None
+        if enabled and session is not None:
+            recorded = await _in_daemon_thread(session.kv_size, self.kv_signature)     # reads the manifest
+        log.info("%s", kv_size_sentence(enabled, recorded, self.passthrough))
+        return kv_size_args(recorded, self.passthrough)
 
     def _finish_cache(self, ok: bool) -> None:
         session, self.cache_session = self.cache_session, None
@@ -528,7 +554,7 @@ class Controller:
             raise StartupFailed(why[0].upper() + why[1:].rstrip(".") + ".") from None
         log.info("active warmup %s", json.dumps(result, sort_keys=True, default=str))
 
-    def _check_workers(self, engine: Engine) -> None:
+    def _check_workers(self, engine: Engine) -> list[dict]:
         try:
             workers = engine.check(strict=False)
         except EngineUnfit as exc:
@@ -540,6 +566,7 @@ class Controller:
                      warm.get("seconds"), warm.get("ok"))
         if not workers:
             log.warning("no worker reported the turingbox plugin (require_plugin is off)")
+        return workers
 
     async def _probe_upstream(self, base: str) -> None:
         """After ready: readiness turns 503 when vLLM stops answering /health within the probe period."""

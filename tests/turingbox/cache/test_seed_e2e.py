@@ -79,6 +79,11 @@ def engine_pids(box):
     return [e["pid"] for e in map(json.loads, path.read_text().splitlines()) if e["event"] == "started"]
 
 
+def engine_argvs(box):
+    path = box["tmp"] / "events.jsonl"
+    return [e["argv"] for e in map(json.loads, path.read_text().splitlines()) if e["event"] == "started"]
+
+
 def dead(pid) -> bool:
     try:
         os.kill(pid, 0)
@@ -121,6 +126,11 @@ def test_seed_only_leaves_a_complete_verified_entry_that_serve_then_hits(box):
     assert r.stdout.count("engine_filling_caches: wrote") == 2   # the engine really ran, twice
     assert 'found []' in r.stdout and 'found ["TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"]' in r.stdout
     assert len(engine_pids(box)) == 2
+    # Neither start was given a KV size (none recorded yet); the second, loading, records what it profiled, which
+    # the next start of this plan (serve's) is given: it then skips vLLM's memory profile (issue 35).
+    assert r.stdout.count("KV cache size: vLLM profiles memory at this start (no size recorded") == 2
+    assert not any("--kv-cache-memory-bytes" in argv for argv in engine_argvs(box))
+    assert r.stdout.count("recorded the KV cache size vLLM profiled, 10.00 GiB") == 1
     result = result_of(r.stdout)
     assert result["cache_key"] == key and result["mode"] == "shared" and result["result"] == "miss"
     assert result["gpu_name"] == "NVIDIA H200" and result["num_speculative_tokens"] == plan.num_speculative_tokens
@@ -128,6 +138,7 @@ def test_seed_only_leaves_a_complete_verified_entry_that_serve_then_hits(box):
     entry = store.entry_dir(box["root"], key)
     manifest = json.load(open(os.path.join(entry, "manifest.json")))
     assert manifest["completed"] and manifest["inputs"] == plan.cache_inputs and manifest["source"] == "seeded"
+    assert manifest["kv_cache"]["bytes"] == 10 << 30      # the stand-in's "profiled" size
     assert manifest["sizes"]["triton"]["files"] == 2 and manifest["sizes"]["vllm"] == {"files": 1, "bytes": 512}
     index = json.load(open(os.path.join(entry, "index.json")))
     assert set(ARTEFACTS) <= set(index)                          # what the engine wrote, under the entry
@@ -149,6 +160,14 @@ def test_seed_only_leaves_a_complete_verified_entry_that_serve_then_hits(box):
     again = warmup(box)
     assert again.returncode == 0 and stages_of(again.stdout) == ["plan", "cache", "complete"]
     assert "engine_filling_caches" not in again.stdout and result_of(again.stdout)["result"] == "hit"
+
+    # --seed-only warms the complete entry again: one start, which loads, given the recorded KV size as serve is
+    reseed = warmup(box, "--seed-only")
+    assert reseed.returncode == 0, reseed.stdout[-2000:] + reseed.stderr[-2000:]
+    assert "KV cache size from the cache entry: 10.00 GiB (--kv-cache-memory-bytes 10737418240)" in reseed.stdout
+    argv = engine_argvs(box)[-1]
+    assert len(engine_argvs(box)) == 3 and argv[argv.index("--kv-cache-memory-bytes") + 1] == str(10 << 30)
+    assert "recorded the KV cache size" not in reseed.stdout      # given it: nothing measured
 
 
 @pytest.mark.parametrize("fault, value, sentence", [

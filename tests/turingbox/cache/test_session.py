@@ -327,3 +327,45 @@ def test_an_unreadable_model_info_source_is_skipped_with_a_warning(tmp_path, cap
     assert store.seed_modelinfos([str(tmp_path / "gone"), str(good)], str(tmp_path / "entry" / "vllm")) == {str(good): 1}
     assert os.listdir(tmp_path / "entry" / "vllm" / "modelinfos") == ["a.json"]
     assert "unreadable" in caplog.text and "gone" in caplog.text
+
+
+def test_the_kv_size_a_start_measured_is_kept_in_the_manifest_for_the_same_signature(tmp_path, plan, caplog):
+    caplog.set_level(logging.INFO, logger="turingbox.cache")
+    s = store.prepare_cache(plan, cache_settings(str(tmp_path)))
+    assert s.kv_size("sig-a") is None                                   # a new entry: nothing recorded
+    assert s.record_kv_size(87_177_098_690, "sig-a") is True
+    assert s.kv_size("sig-a") == 87_177_098_690 and s.kv_size("sig-b") is None
+    assert "recorded the KV cache size vLLM profiled, 81.19 GiB" in caplog.text
+    engine_wrote(s)
+    s.finish(True)
+    assert s.record_kv_size(1, "sig-a") is False        # finished: the writer lock is no longer this session's
+    kv = store.read_manifest(s.entry)["kv_cache"]
+    assert (kv["bytes"], kv["signature"]) == (87_177_098_690, "sig-a") and kv["recorded"].endswith("Z")
+    assert store.entry_problems(s.entry, plan["cache_key"], deep=True) == []
+    hit = store.prepare_cache(plan, cache_settings(str(tmp_path)))      # a hit rewrites the manifest, keeping it
+    assert hit.status["result"] == "hit" and hit.kv_size("sig-a") == 87_177_098_690
+    assert hit.record_kv_size(80 << 30, "sig-b") and hit.kv_size("sig-a") is None   # another signature replaces it
+    hit.finish(True)
+    assert store.read_manifest(s.entry)["kv_cache"]["bytes"] == 80 << 30
+
+
+@pytest.mark.parametrize("kv", [{"bytes": "80", "signature": "s"}, {"bytes": True, "signature": "s"},
+                                {"bytes": 0, "signature": "s"}, {"signature": "s"}, "80", None])
+def test_a_malformed_kv_size_record_is_none(tmp_path, plan, kv):
+    s = store.prepare_cache(plan, cache_settings(str(tmp_path)))
+    store.write_json_atomic(os.path.join(s.entry, "manifest.json"), {**store.read_manifest(s.entry), "kv_cache": kv})
+    assert s.kv_size("s") is None
+    s.close()
+
+
+def test_recording_the_kv_size_never_raises(tmp_path, plan, monkeypatch):
+    s = store.prepare_cache(plan, cache_settings(str(tmp_path)))
+
+    def full(path, data):
+        raise OSError(28, "No space left on device")
+    with monkeypatch.context() as m:
+        m.setattr(store, "write_json_atomic", full)
+        assert s.record_kv_size(5 << 30, "s") is False
+    assert "could not record the KV cache size: [Errno 28] No space left on device" in s.status["events"][-1]
+    assert s.kv_size("s") is None
+    s.close()

@@ -2,7 +2,8 @@
 `turingbox serve`, `warmup` and `cache show|verify` subprocesses on one cache root, with the stand-in vLLM
 (tests/support/fake_vllm.py: it answers, and its workers' status files say warm, but it compiles nothing into
 the entry) against the seeding stand-in (tests/support/engine_filling_caches.py, which writes artefacts where
-the cache environment points it, as vLLM does) as the control."""
+the cache environment points it, as vLLM does) as the control. And on the same stand-ins, the KV cache size a
+start that loaded its graphs measured, recorded in the entry and given to the next start (issue 35)."""
 from __future__ import annotations
 
 import json
@@ -180,3 +181,37 @@ def test_what_turingbox_seeded_is_not_engine_work_and_an_empty_entry_is_never_qu
     hit = store.prepare_cache(plan, cache_settings(root, env))
     assert hit.status["result"] == "hit"
     hit.finish(True)
+
+
+def started_argvs(events) -> list[list[str]]:
+    """The argv of every stand-in vLLM start, as it received it (its "started" events)."""
+    return [e["argv"] for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "started"]
+
+
+def test_a_start_that_loads_records_its_kv_size_and_the_next_start_skips_the_profile(box):
+    events, kv_bytes = box["tmp"] / "events.jsonl", 87_177_098_690        # 81.19 GiB, as on an H200
+    env = {**engine(FILLING_ENGINE), "FAKE_VLLM_EVENTS": str(events), "FAKE_VLLM_KV_CACHE_BYTES": str(kv_bytes)}
+    # an empty entry: vLLM compiles its graphs, which peaks higher and sizes less KV than a start that loads them
+    first = serve_until_ready_then_stop(box, env)
+    assert "(no size recorded in the cache entry for this plan and these arguments yet)" in first
+    [row] = shown(box)
+    entry = store.entry_dir(box["root"], row["key"])
+    assert row["complete"] is True and "kv_cache" not in store.read_manifest(entry)
+    # a hit: it loads them, profiles memory and records what it measured before completing the entry
+    second = serve_until_ready_then_stop(box, env)
+    assert "Available KV cache memory: 81.19 GiB" in second
+    assert f"cache entry {row['key']}: recorded the KV cache size vLLM profiled, 81.19 GiB" in second
+    recorded = store.read_manifest(entry)["kv_cache"]
+    assert recorded["bytes"] == kv_bytes
+    # the next start is given it and skips the profile; it measured nothing, so the record stays as it was
+    third = serve_until_ready_then_stop(box, env)
+    assert (f"KV cache size from the cache entry: 81.19 GiB (--kv-cache-memory-bytes {kv_bytes}): vLLM skips its "
+            "CUDA-graph memory profile") in third
+    assert "as specified by kv_cache_memory_bytes config and skipped memory profiling" in third
+    assert "recorded the KV cache size" not in third and store.read_manifest(entry)["kv_cache"] == recorded
+    # off: vLLM profiles at every start
+    off = serve_until_ready_then_stop(box, {**env, "TURINGBOX_KV_SIZE_FROM_CACHE": "0"})
+    assert "KV cache size: vLLM profiles memory at this start (kv_size_from_cache is off)" in off
+    given = [argv[argv.index("--kv-cache-memory-bytes") + 1] if "--kv-cache-memory-bytes" in argv else None
+             for argv in started_argvs(events)]
+    assert given == [None, None, str(kv_bytes), None]
