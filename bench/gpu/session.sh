@@ -297,14 +297,15 @@ for phase in "$@"; do
                 echo "== $f"; cat "$f"; done > $R/startup/cache-key-factors.txt 2>&1 ;;
     kvcut)    # issue 35's first cut: a seeded start given the KV size the seed's loading start recorded in the entry
               # (--kv-cache-memory-bytes, so vLLM skips its CUDA-graph memory profile) against one that profiles, twice
-              # each, alternating, each from a fresh copy of the same seed (startup's steps; 64-layer demo, plan defaults)
+              # each (KVCUT_PAIRS pairs, default 2), alternating, each from a fresh copy of the same seed (startup's steps;
+              # 64-layer demo, plan defaults)
               build_modelinfos_once
-              for step in "seed|" "seeded|--only turingbox --label kv-profiled --tb-env TURINGBOX_KV_SIZE_FROM_CACHE=0" \
-                  "seeded|--only turingbox --label kv-given" \
-                  "seeded|--only turingbox --label kv-profiled-2 --tb-env TURINGBOX_KV_SIZE_FROM_CACHE=0" \
-                  "seeded|--only turingbox --label kv-given-2" "report|"; do
-                startup_step "${step%%|*}" "${step#*|}"
+              startup_step seed ""
+              for i in $(seq 1 ${KVCUT_PAIRS:-2}); do
+                startup_step seeded "--only turingbox --label kv-profiled-$i --tb-env TURINGBOX_KV_SIZE_FROM_CACHE=0"
+                startup_step seeded "--only turingbox --label kv-given-$i"
               done
+              startup_step report ""
               grep -h "KV cache size\|kv_cache_memory_bytes" /tmp/turingbox-bench/logs/*.log > $R/startup/kvcut-lines.txt 2>&1 ;;
     startupx) # after startup, on its caches: turingbox warm with a spawned engine core (fork's own share), then warm
               # under py-spy (where each second of a seeded start goes, per process; the wheel is staged in
