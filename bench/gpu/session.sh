@@ -297,16 +297,19 @@ for phase in "$@"; do
                 echo "== $f"; cat "$f"; done > $R/startup/cache-key-factors.txt 2>&1 ;;
     kvcut)    # issue 35's first cut: a seeded start given the KV size the seed's loading start recorded in the entry
               # (--kv-cache-memory-bytes, so vLLM skips its CUDA-graph memory profile) against one that profiles, twice
-              # each (KVCUT_PAIRS pairs, default 2), alternating, each from a fresh copy of the same seed (startup's steps;
+              # each (KVCUT_STARTS, default "profiled given profiled given"; "given" alone when time is short: the seed's
+              # loading start is then the profiled one), each from a fresh copy of the same seed (startup's steps;
               # 64-layer demo, plan defaults; BENCH_MODEL=/tmp/demo4 BENCH_LAYERS=4: the 4-layer demo, when the device time
               # left cannot hold the 64-layer seed)
               build_modelinfos_once
               [ -z "${BENCH_MODEL:-}" ] || [ -d "$BENCH_MODEL" ] || python3 -m turingbox demo-model "$BENCH_MODEL" \
                 --layers "${BENCH_LAYERS:-4}" > $R/demo-model.txt 2>&1
               startup_step seed ""
-              for i in $(seq 1 ${KVCUT_PAIRS:-2}); do
-                startup_step seeded "--only turingbox --label kv-profiled-$i --tb-env TURINGBOX_KV_SIZE_FROM_CACHE=0"
-                startup_step seeded "--only turingbox --label kv-given-$i"
+              i=0
+              for kind in ${KVCUT_STARTS:-profiled given profiled given}; do
+                i=$((i + 1))
+                if [ "$kind" = given ]; then startup_step seeded "--only turingbox --label kv-given-$i"
+                else startup_step seeded "--only turingbox --label kv-profiled-$i --tb-env TURINGBOX_KV_SIZE_FROM_CACHE=0"; fi
               done
               startup_step report ""
               grep -h "KV cache size\|kv_cache_memory_bytes" /tmp/turingbox-bench/logs/*.log > $R/startup/kvcut-lines.txt 2>&1 ;;
