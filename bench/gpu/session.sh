@@ -308,7 +308,7 @@ for phase in "$@"; do
               i=0
               for kind in ${KVCUT_STARTS:-profiled given profiled given}; do
                 i=$((i + 1))
-                if [ "$kind" = given ]; then startup_step seeded "--only turingbox --label kv-given-$i"
+                if [ "$kind" = given ]; then startup_step seeded "--only turingbox --label kv-given-$i --tb-env TURINGBOX_KV_SIZE_FROM_CACHE=1"
                 else startup_step seeded "--only turingbox --label kv-profiled-$i --tb-env TURINGBOX_KV_SIZE_FROM_CACHE=0"; fi
               done
               startup_step report ""

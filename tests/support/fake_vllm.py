@@ -90,6 +90,8 @@ DEFAULTS = {
     # data-parallel engines whose workers report (empty: all); fewer stands for an engine whose plugin is not active
     "engines-reporting": "",
     "kv-cache-bytes": str(10 << 30),
+    # what the plugin's worker says of its fix keeping --kv-cache-memory-bytes out of vLLM's compile key
+    "kv-key-fix": "applied",
 }
 RECORDED_FIELDS = ("n", "max_tokens", "max_completion_tokens", "max_output_tokens", "model", "stream", "use_beam_search",
                    "best_of", "temperature")
@@ -579,7 +581,8 @@ def write_worker_status() -> None:
         ok = O["plugin"] == "ok"
         status = {"plugin_version": "fake", "pid": os.getpid(), "rank": rank, "stage": "ready" if ok else "failed",
                   "warmup": {"kernels": 7, "seconds": 0.1, "ok": ok, "error": None if ok else "fake warmup failure"},
-                  "jit_after_ready": jit, "gdn_path": O["turingbox"].get("gdn", "vllm"), "active": {},
+                  "jit_after_ready": jit, "gdn_path": O["turingbox"].get("gdn", "vllm"),
+                  "active": {"vllm_fixes": {"kv_size_out_of_compile_key": O["kv-key-fix"]}},
                   "kv_cache": {"bytes": kv_cache_bytes(), "given": O["kv_given"] is not None}}
         tmp = os.path.join(runtime_dir, f".worker-{rank}.tmp")
         with open(tmp, "w") as f:

@@ -24,7 +24,7 @@ from turingbox.errors import UsageError
 from turingbox.model import hub
 from turingbox.plan.types import Plan
 from turingbox.serve.active_warmup import run_active_warmup
-from turingbox.serve.stages import GRAPH_COMPILED
+from turingbox.serve.stages import GRAPH_COMPILED, GRAPH_LOADED
 from turingbox_plugin.contract import RUNTIME_DIR_ENV
 from turingbox_warmup.seed_protocol import result_line, stage_line
 
@@ -177,19 +177,22 @@ async def _start_once(plan: Plan, session: store.CacheSession, passthrough: list
     runtime folder (workers' status files are per start; a serve beside it keeps its own). As serve, it is given
     the KV size the entry recorded (kv_size_from_cache), and a start that loaded its graphs and profiled the KV
     size records it. Returns how many torch.compile graphs vLLM said it compiled (not loaded) at this start."""
-    compiled = 0
-    signature = engine_signature(plan.vllm_args, passthrough)
+    compiled = loaded = 0
+    env = vllm_env(parent_env(), plan.env, session.env)
+    signature = engine_signature(plan.vllm_args, passthrough, env)
     recorded = session.kv_size(signature) if kv_size_from_cache else None
     print(f"turingbox: {kv_size_sentence(kv_size_from_cache, recorded, passthrough)}", flush=True)
+    kv_args = kv_size_args(recorded, passthrough)
 
-    def count_compiled(line: str) -> None:
-        nonlocal compiled
+    def count_graphs(line: str) -> None:
+        nonlocal compiled, loaded
         compiled += GRAPH_COMPILED in line
-    engine = Engine(plan, env=vllm_env(parent_env(), plan.env, session.env),
-                    runtime_base=plan.env.get(RUNTIME_DIR_ENV) or tempfile.gettempdir(), kind="warmup",
-                    vllm_command=vllm_command, passthrough=passthrough,
-                    extra_args=kv_size_args(recorded, passthrough), answer_timeout_s=warmup_timeout_s,
-                    stop_grace_s=stop_grace_s, on_stage=stage, on_line=count_compiled, output=sys.stdout.buffer)
+        loaded += GRAPH_LOADED in line
+    engine = Engine(plan, env=env, runtime_base=plan.env.get(RUNTIME_DIR_ENV) or tempfile.gettempdir(), kind="warmup",
+                    vllm_command=vllm_command, passthrough=passthrough, extra_args=kv_args,
+                    answer_timeout_s=warmup_timeout_s, stop_grace_s=stop_grace_s, on_stage=stage,
+                    on_line=count_graphs, output=sys.stdout.buffer)
+    ok = False
     try:
         await engine.start()
         try:
@@ -201,10 +204,14 @@ async def _start_once(plan: Plan, session: store.CacheSession, passthrough: list
         stage("active-warmup")
         await asyncio.to_thread(run_active_warmup, engine.url, engine.served_model, engine.api_key,
                                 max(60.0, engine.seconds_left()))
-        kv_bytes = measured_kv_size(workers, compiled, plan.tensor_parallel_size * max(1, plan.data_parallel_size))
+        kv_bytes = measured_kv_size(workers, compiled, loaded,
+                                    plan.tensor_parallel_size * max(1, plan.data_parallel_size))
         if kv_bytes is not None and session.record_kv_size(kv_bytes, signature):
             print(f"turingbox: {session.status['events'][-1]}", flush=True)
+        ok = True
     finally:
+        if kv_args and not ok and session.forget_kv_size(signature):    # the size it was given may be why
+            print(f"turingbox: {session.status['events'][-1]}", flush=True)
         await engine.stop()
         engine.remove_runtime_dir()
     return compiled

@@ -3,7 +3,7 @@
 Layout (see docs/caches.md):
 
     <root>/entries/<cache_key>/manifest.json   fingerprint inputs, created/completed, sizes, hits, tools, and the
-                                               KV cache size a start measured (kv_cache, issue 35)
+                                               KV cache sizes starts measured (kv_cache, per engine signature)
     <root>/entries/<cache_key>/vllm/            VLLM_CACHE_ROOT (torch.compile artifacts, AOT graphs)
     <root>/entries/<cache_key>/triton/          TRITON_CACHE_DIR (kernels + *.autotune.json)
     <root>/entries/<cache_key>/inductor/        TORCHINDUCTOR_CACHE_DIR
@@ -55,6 +55,8 @@ CACHES: dict[str, tuple[str, str]] = {
 MAX_INCOMPLETE_ATTEMPTS = 2
 # Below this much free space on the volume a seed would fail half-way; run cold instead.
 MIN_FREE_BYTES = 1 << 30
+# KV sizes kept per entry (one per engine signature; the oldest go first)
+KV_SIZE_RECORDS = 8
 # entry_problems' verdict on an interrupted seed: a normal miss, not corruption (verify and bake tell them apart).
 INCOMPLETE = "entry is incomplete (its manifest was never completed)"
 # ... and on an entry completed by a start that never reached a real engine (a stand-in, before issue 34 part 4
@@ -467,18 +469,38 @@ class CacheSession:
             return self.status
 
     def kv_size(self, signature: str) -> int | None:
-        """The KV cache size an earlier start recorded in this entry (record_kv_size), when it was measured with the
-        same engine signature (launch.engine_signature); else None. Never raises."""
+        """The KV cache size an earlier start with this engine signature (launch.engine_signature) recorded in the
+        entry (record_kv_size); else None. Never raises."""
         kv = (read_manifest(self.entry) or {}).get("kv_cache")
-        if not isinstance(kv, dict) or kv.get("signature") != signature:
-            return None
-        nbytes = kv.get("bytes")
+        record = kv.get(signature) if isinstance(kv, dict) else None
+        nbytes = record.get("bytes") if isinstance(record, dict) else None
         return nbytes if isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes > 0 else None
 
     def record_kv_size(self, nbytes: int, signature: str) -> bool:
-        """Record the KV cache size a start profiled in the entry's manifest (key "kv_cache"), so the next start of
-        the same signature can skip vLLM's memory profile. Only while the session holds the entry (before finish:
-        the writer lock is this session's until then). Never raises; whether it was written."""
+        """Record the KV cache size a start profiled in the entry's manifest ("kv_cache", one record per engine
+        signature: starts with other `--` args or environments share an entry), so the next start of the same
+        signature can skip vLLM's memory profile. Only while the session holds the entry (before finish: the writer
+        lock is this session's until then). Never raises; whether it was written."""
+        def record(kv: dict) -> None:
+            kv[signature] = {"bytes": int(nbytes), "recorded": utc_now()}
+            for old in sorted(kv, key=lambda k: str(kv[k].get("recorded")))[:-KV_SIZE_RECORDS]:
+                del kv[old]
+        if not self._edit_kv_sizes(record, "record the KV cache size"):
+            return False
+        _event(self.status, logging.INFO, f"cache entry {self.key}: recorded the KV cache size vLLM profiled, "
+               f"{nbytes / 2**30:.2f} GiB, for the next start of this plan")
+        return True
+
+    def forget_kv_size(self, signature: str) -> bool:
+        """Drop the record of this signature: a start given that size failed, so the next one profiles again rather
+        than fail the same way at every restart (a driver or environment the signature does not see)."""
+        if not self._edit_kv_sizes(lambda kv: kv.pop(signature, None), "drop the KV cache size"):
+            return False
+        _event(self.status, logging.WARNING, f"cache entry {self.key}: dropped the recorded KV cache size after a "
+               "start given it failed; the next start profiles memory again")
+        return True
+
+    def _edit_kv_sizes(self, edit: Callable[[dict], Any], what: str) -> bool:
         with self._guard:
             if self._finished:
                 return False
@@ -486,14 +508,14 @@ class CacheSession:
                 manifest = read_manifest(self.entry)
                 if manifest is None:
                     return False
-                manifest["kv_cache"] = {"bytes": int(nbytes), "signature": signature, "recorded": utc_now()}
+                kv = manifest.get("kv_cache")
+                kv = {k: v for k, v in kv.items() if isinstance(v, dict)} if isinstance(kv, dict) else {}
+                edit(kv)
+                manifest["kv_cache"] = kv
                 write_json_atomic(os.path.join(self.entry, MANIFEST), manifest)
             except OSError as exc:
-                _event(self.status, logging.WARNING,
-                       f"cache entry {self.key}: could not record the KV cache size: {exc}")
+                _event(self.status, logging.WARNING, f"cache entry {self.key}: could not {what}: {exc}")
                 return False
-        _event(self.status, logging.INFO, f"cache entry {self.key}: recorded the KV cache size vLLM profiled, "
-               f"{nbytes / 2**30:.2f} GiB, for the next start of this plan")
         return True
 
     def close(self, wait: bool = True) -> None:

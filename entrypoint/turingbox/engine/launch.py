@@ -234,12 +234,23 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def engine_signature(vllm_args: Sequence[str], passthrough: Sequence[str]) -> str:
-    """sha256 of the argv that sizes vLLM's memory: the plan's vllm_args, then the `--` args. A recorded KV size
-    holds only for the same argv (another --gpu-memory-utilization or max model len sizes it differently).
-    Secret values are masked first: the hash is stored in the entry's manifest."""
+# What in vLLM's environment changes what its memory profile measures: vLLM's own switches (the CUDA-graph estimate,
+# the model runner, the worker start method), PyTorch's allocator, the GPUs it sees. Locations and secrets are left
+# out (a private copy of the entry, another HOME, a rotated key measure the same).
+SIGNATURE_ENV_PREFIXES = ("VLLM_", "PYTORCH_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_")
+SIGNATURE_ENV_SKIPPED = ("VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "VLLM_XLA_CACHE_PATH", "VLLM_RPC_BASE_PATH",
+                         "VLLM_API_KEY", "VLLM_ASSETS_CACHE", "VLLM_LOGGING_CONFIG_PATH", "VLLM_HOST_IP", "VLLM_PORT")
+
+
+def engine_signature(vllm_args: Sequence[str], passthrough: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """sha256 of what sizes vLLM's memory: the plan's vllm_args, the `--` args and the part of vLLM's environment
+    that changes its memory profile (SIGNATURE_ENV_PREFIXES). A recorded KV size holds only for the same signature
+    (another --gpu-memory-utilization, max model len or VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS sizes it
+    differently). Secret values are masked first: the hash is stored in the entry's manifest."""
     argv = mask_argv([*map(str, vllm_args), "--", *map(str, passthrough)])
-    return hashlib.sha256(json.dumps(argv).encode()).hexdigest()
+    environment = sorted((k, str(v)) for k, v in (env or {}).items()
+                         if k.startswith(SIGNATURE_ENV_PREFIXES) and k not in SIGNATURE_ENV_SKIPPED)
+    return hashlib.sha256(json.dumps([argv, environment]).encode()).hexdigest()
 
 
 def memory_sizing_flags(passthrough: Sequence[str]) -> list[str]:
@@ -268,18 +279,33 @@ def kv_size_sentence(enabled: bool, recorded: int | None, passthrough: Sequence[
     return f"KV cache size: vLLM profiles memory at this start ({why})"
 
 
-def measured_kv_size(workers: Sequence[Mapping[str, Any]], graphs_compiled: int, expected: int = 1) -> int | None:
+# The plugin's fix that keeps --kv-cache-memory-bytes out of vLLM's compile key (turingbox_plugin.vllm_fixes), as
+# each worker reports it: without it a start given the size would recompile every graph (vllm#47356).
+KV_KEY_FIX = "kv_size_out_of_compile_key"
+
+
+def _kv_key_fix_holds(worker: Mapping[str, Any]) -> bool:
+    fixes = (worker.get("active") or {}).get("vllm_fixes")
+    verdict = fixes.get(KV_KEY_FIX, "") if isinstance(fixes, Mapping) else ""
+    return verdict == "applied" or verdict.startswith("skipped: vLLM already leaves")
+
+
+def measured_kv_size(workers: Sequence[Mapping[str, Any]], graphs_compiled: int, graphs_loaded: int,
+                     expected: int = 1) -> int | None:
     """The KV size to record from a start: the smallest any worker profiled (vLLM sizes every worker alike), or
-    None. Only a start that loaded its graphs counts: one that compiled them peaks higher and sizes less KV (H200:
-    79.84 against 81.19 GiB), and the starts given the size load. Every worker (at least `expected`) must have
-    profiled it (kv_cache.given False), else the minimum might miss the worker with the least."""
+    None. Only a start that loaded its graphs and compiled none counts: one that compiled them peaks higher and sizes
+    less KV (H200: 79.84 against 81.19 GiB), and the starts given the size load (an eager plan has no graphs and no
+    CUDA-graph profile to skip). Every worker (at least `expected`) must have profiled it (kv_cache.given False),
+    else the minimum might miss the worker with the least, and must run the plugin's compile-key fix, else a start
+    given the size recompiles."""
     sizes = []
     for w in workers:
         kv = w.get("kv_cache")
-        if not isinstance(kv, Mapping) or kv.get("given") is not False or not _positive_int(kv.get("bytes")):
+        if not isinstance(kv, Mapping) or kv.get("given") is not False or not _positive_int(kv.get("bytes")) \
+                or not _kv_key_fix_holds(w):
             return None
         sizes.append(kv["bytes"])
-    if graphs_compiled or not sizes or len(sizes) < expected:
+    if graphs_compiled or not graphs_loaded or not sizes or len(sizes) < expected:
         return None
     return min(sizes)
 

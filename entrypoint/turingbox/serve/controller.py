@@ -192,7 +192,10 @@ def _complete_session(session: Any, kv_bytes: int | None, signature: str) -> Non
     """After ready: record the KV size this start profiled (None: nothing to record), then complete the entry;
     in this order, since the session holds the entry's writer lock until it is finished."""
     if kv_bytes is not None:
-        session.record_kv_size(kv_bytes, signature)
+        try:
+            session.record_kv_size(kv_bytes, signature)
+        except Exception as exc:          # never at the cost of completing the entry and releasing its lock
+            log.warning("could not record the KV cache size: %s", exc)
     _finish_session(session, True)
 
 
@@ -228,6 +231,7 @@ class Controller:
         self.cache_session: Any = None      # until finished
         self.cache_to_close: Any = None     # until exit: close() removes a private/cold temporary copy
         self.kv_signature = ""              # engine_signature of this start's argv (set once planned)
+        self.kv_given = False               # this start was given a recorded KV size (a failure drops the record)
         self.stop_requested = asyncio.Event()
         self.upstream_died = asyncio.Event()
         self.fatal: tuple[int, str] | None = None
@@ -301,7 +305,7 @@ class Controller:
                 # Liveness has answered 503 since the failure: let probes see it before the port closes.
                 await asyncio.sleep(self.options.exit_linger_seconds)
         finally:
-            self._finish_cache(False)
+            self._finish_cache(False, engine_failed=self.fatal is not None)
             self.server.should_exit = True
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server_task, timeout=10)
@@ -409,7 +413,7 @@ class Controller:
 
         # 2. caches
         env = vllm_env(parent_env(), plan.env, await self._prepare_cache(plan))
-        kv_args = await self._kv_size_args(plan)
+        kv_args = await self._kv_size_args(plan, env)
 
         # 3. vLLM, with status files in a directory of this instance's own under the configured runtime dir:
         # two instances on one host (two compose services, serve beside a warmup) must not read each other's.
@@ -445,7 +449,7 @@ class Controller:
         t = self.tracker
         session, self.cache_session = self.cache_session, None
         if session is not None:
-            kv_bytes = measured_kv_size(workers, t.graphs_compiled,
+            kv_bytes = measured_kv_size(workers, t.graphs_compiled, t.graphs_loaded,
                                         plan.tensor_parallel_size * max(1, plan.data_parallel_size))
             _in_daemon_thread(_complete_session, session, kv_bytes, self.kv_signature)
         log.info("ready after %.1f s (stages: %s; vLLM graphs: %d loaded from cache, %d compiled)", t.ready_after_s,
@@ -493,21 +497,29 @@ class Controller:
         self.tracker.profile = "warm" if cache_is_warm(status) else "cold"
         return {k: str(v) for k, v in (getattr(self.cache_session, "env", {}) or {}).items()}
 
-    async def _kv_size_args(self, plan: Plan) -> list[str]:
-        """The vLLM args giving this start the KV size an earlier start of the same signature recorded in the cache
-        entry (kv_size_from_cache), with one line saying whether it was given, and why not."""
+    async def _kv_size_args(self, plan: Plan, env: dict[str, str]) -> list[str]:
+        """The vLLM args giving this start the KV size an earlier start of the same signature (argv and vLLM's
+        environment) recorded in the cache entry (kv_size_from_cache), with one line saying whether it was given,
+        and why not."""
         enabled = self.cache_settings.kv_size_from_cache
-        self.kv_signature = engine_signature(plan.vllm_args, self.passthrough)
+        self.kv_signature = engine_signature(plan.vllm_args, self.passthrough, env)
         session = self.cache_session
         recorded = None
         if enabled and session is not None:
             recorded = await _in_daemon_thread(session.kv_size, self.kv_signature)     # reads the manifest
         log.info("%s", kv_size_sentence(enabled, recorded, self.passthrough))
-        return kv_size_args(recorded, self.passthrough)
+        args = kv_size_args(recorded, self.passthrough)
+        self.kv_given = bool(args)
+        return args
 
-    def _finish_cache(self, ok: bool) -> None:
+    def _finish_cache(self, ok: bool, engine_failed: bool = False) -> None:
+        """Finish the cache session (unless handed off at ready). engine_failed: vLLM died or startup failed; a
+        start given a recorded KV size then drops it, so the next start profiles instead of failing alike."""
         session, self.cache_session = self.cache_session, None
         if session is not None:
+            if engine_failed and self.kv_given:
+                with contextlib.suppress(Exception):
+                    session.forget_kv_size(self.kv_signature)
             _finish_session(session, ok)
 
     async def _watch_upstream(self) -> None:
@@ -521,7 +533,7 @@ class Controller:
         log.error("%s", sentence)
         self.state.mark_upstream_dead(sentence)
         self.tracker.fail(sentence)
-        self._finish_cache(False)
+        self._finish_cache(False, engine_failed=True)
         self.upstream_died.set()
 
     def _engine_stage(self, name: str) -> None:

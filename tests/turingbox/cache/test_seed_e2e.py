@@ -126,9 +126,9 @@ def test_seed_only_leaves_a_complete_verified_entry_that_serve_then_hits(box):
     assert r.stdout.count("engine_filling_caches: wrote") == 2   # the engine really ran, twice
     assert 'found []' in r.stdout and 'found ["TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"]' in r.stdout
     assert len(engine_pids(box)) == 2
-    # Neither start was given a KV size (none recorded yet); the second, loading, records what it profiled, which
-    # the next start of this plan (serve's) is given: it then skips vLLM's memory profile (issue 35).
-    assert r.stdout.count("KV cache size: vLLM profiles memory at this start (no size recorded") == 2
+    # Neither start was given a KV size (kv_size_from_cache is off by default); the second, loading, records what it
+    # profiled all the same, which the next start of this plan is given with the setting on (issue 35).
+    assert r.stdout.count("KV cache size: vLLM profiles memory at this start (kv_size_from_cache is off)") == 2
     assert not any("--kv-cache-memory-bytes" in argv for argv in engine_argvs(box))
     assert r.stdout.count("recorded the KV cache size vLLM profiled, 10.00 GiB") == 1
     result = result_of(r.stdout)
@@ -138,7 +138,8 @@ def test_seed_only_leaves_a_complete_verified_entry_that_serve_then_hits(box):
     entry = store.entry_dir(box["root"], key)
     manifest = json.load(open(os.path.join(entry, "manifest.json")))
     assert manifest["completed"] and manifest["inputs"] == plan.cache_inputs and manifest["source"] == "seeded"
-    assert manifest["kv_cache"]["bytes"] == 10 << 30      # the stand-in's "profiled" size
+    [record] = manifest["kv_cache"].values()              # one signature: the seed's argv and environment
+    assert record["bytes"] == 10 << 30                    # the stand-in's "profiled" size
     assert manifest["sizes"]["triton"]["files"] == 2 and manifest["sizes"]["vllm"] == {"files": 1, "bytes": 512}
     index = json.load(open(os.path.join(entry, "index.json")))
     assert set(ARTEFACTS) <= set(index)                          # what the engine wrote, under the entry
@@ -162,7 +163,8 @@ def test_seed_only_leaves_a_complete_verified_entry_that_serve_then_hits(box):
     assert "engine_filling_caches" not in again.stdout and result_of(again.stdout)["result"] == "hit"
 
     # --seed-only warms the complete entry again: one start, which loads, given the recorded KV size as serve is
-    reseed = warmup(box, "--seed-only")
+    # with the setting on
+    reseed = warmup(box, "--seed-only", "--kv-size-from-cache", "1")
     assert reseed.returncode == 0, reseed.stdout[-2000:] + reseed.stderr[-2000:]
     assert "KV cache size from the cache entry: 10.00 GiB (--kv-cache-memory-bytes 10737418240)" in reseed.stdout
     argv = engine_argvs(box)[-1]

@@ -340,21 +340,35 @@ def test_the_kv_size_a_start_measured_is_kept_in_the_manifest_for_the_same_signa
     s.finish(True)
     assert s.record_kv_size(1, "sig-a") is False        # finished: the writer lock is no longer this session's
     kv = store.read_manifest(s.entry)["kv_cache"]
-    assert (kv["bytes"], kv["signature"]) == (87_177_098_690, "sig-a") and kv["recorded"].endswith("Z")
+    assert kv["sig-a"]["bytes"] == 87_177_098_690 and kv["sig-a"]["recorded"].endswith("Z")
     assert store.entry_problems(s.entry, plan["cache_key"], deep=True) == []
     hit = store.prepare_cache(plan, cache_settings(str(tmp_path)))      # a hit rewrites the manifest, keeping it
     assert hit.status["result"] == "hit" and hit.kv_size("sig-a") == 87_177_098_690
-    assert hit.record_kv_size(80 << 30, "sig-b") and hit.kv_size("sig-a") is None   # another signature replaces it
+    # starts with other `--` args or environments share the entry: each keeps its own size
+    assert hit.record_kv_size(80 << 30, "sig-b") and hit.kv_size("sig-a") == 87_177_098_690
+    assert hit.kv_size("sig-b") == 80 << 30
     hit.finish(True)
-    assert store.read_manifest(s.entry)["kv_cache"]["bytes"] == 80 << 30
+    assert set(store.read_manifest(s.entry)["kv_cache"]) == {"sig-a", "sig-b"}
 
 
-@pytest.mark.parametrize("kv", [{"bytes": "80", "signature": "s"}, {"bytes": True, "signature": "s"},
-                                {"bytes": 0, "signature": "s"}, {"signature": "s"}, "80", None])
+def test_a_start_given_the_size_that_failed_drops_it_and_old_signatures_make_room(tmp_path, plan, caplog):
+    s = store.prepare_cache(plan, cache_settings(str(tmp_path)))
+    for i in range(store.KV_SIZE_RECORDS + 2):
+        assert s.record_kv_size((i + 1) << 30, f"sig-{i}")
+    kv = store.read_manifest(s.entry)["kv_cache"]
+    assert len(kv) == store.KV_SIZE_RECORDS and "sig-0" not in kv and f"sig-{store.KV_SIZE_RECORDS + 1}" in kv
+    assert s.forget_kv_size("sig-5") and s.kv_size("sig-5") is None and s.kv_size("sig-6") == 7 << 30
+    assert "dropped the recorded KV cache size after a start given it failed" in s.status["events"][-1]
+    s.close()
+
+
+@pytest.mark.parametrize("kv", [{"s": {"bytes": "80"}}, {"s": {"bytes": True}}, {"s": {"bytes": 0}}, {"s": {}},
+                                {"s": 80}, {"bytes": 80, "signature": "s"}, "80", None])
 def test_a_malformed_kv_size_record_is_none(tmp_path, plan, kv):
     s = store.prepare_cache(plan, cache_settings(str(tmp_path)))
     store.write_json_atomic(os.path.join(s.entry, "manifest.json"), {**store.read_manifest(s.entry), "kv_cache": kv})
     assert s.kv_size("s") is None
+    assert s.record_kv_size(5 << 30, "t") and s.kv_size("t") == 5 << 30      # a malformed record is replaced
     s.close()
 
 

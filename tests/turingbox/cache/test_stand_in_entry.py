@@ -62,13 +62,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_until_ready_then_stop(box, extra_env: dict) -> str:
-    """One real `turingbox serve`: wait for /health/ready, wait for the cache entry's verdict, SIGTERM; its log."""
+def serve_until_ready_then_stop(box, extra_env: dict, expect_ready: bool = True) -> str:
+    """One real `turingbox serve`: wait for /health/ready, wait for the cache entry's verdict, SIGTERM; its log.
+    expect_ready=False: a start whose vLLM dies; wait for serve to exit on its own."""
     port = free_port()
     log_path = box["tmp"] / f"serve-{port}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "turingbox", "serve", "--port", str(port), "--host", "127.0.0.1"],
                                 env={**box["env"], **extra_env}, stdout=log, stderr=log, start_new_session=True)
+    if not expect_ready:
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode != 0, log_path.read_text()[-3000:]
+        return log_path.read_text()
     try:
         deadline = time.monotonic() + 60
 
@@ -190,7 +199,8 @@ def started_argvs(events) -> list[list[str]]:
 
 def test_a_start_that_loads_records_its_kv_size_and_the_next_start_skips_the_profile(box):
     events, kv_bytes = box["tmp"] / "events.jsonl", 87_177_098_690        # 81.19 GiB, as on an H200
-    env = {**engine(FILLING_ENGINE), "FAKE_VLLM_EVENTS": str(events), "FAKE_VLLM_KV_CACHE_BYTES": str(kv_bytes)}
+    env = {**engine(FILLING_ENGINE), "FAKE_VLLM_EVENTS": str(events), "FAKE_VLLM_KV_CACHE_BYTES": str(kv_bytes),
+           "TURINGBOX_KV_SIZE_FROM_CACHE": "1"}
     # an empty entry: vLLM compiles its graphs, which peaks higher and sizes less KV than a start that loads them
     first = serve_until_ready_then_stop(box, env)
     assert "(no size recorded in the cache entry for this plan and these arguments yet)" in first
@@ -202,16 +212,33 @@ def test_a_start_that_loads_records_its_kv_size_and_the_next_start_skips_the_pro
     assert "Available KV cache memory: 81.19 GiB" in second
     assert f"cache entry {row['key']}: recorded the KV cache size vLLM profiled, 81.19 GiB" in second
     recorded = store.read_manifest(entry)["kv_cache"]
-    assert recorded["bytes"] == kv_bytes
+    assert [r["bytes"] for r in recorded.values()] == [kv_bytes]
     # the next start is given it and skips the profile; it measured nothing, so the record stays as it was
     third = serve_until_ready_then_stop(box, env)
     assert (f"KV cache size from the cache entry: 81.19 GiB (--kv-cache-memory-bytes {kv_bytes}): vLLM skips its "
             "CUDA-graph memory profile") in third
     assert "as specified by kv_cache_memory_bytes config and skipped memory profiling" in third
     assert "recorded the KV cache size" not in third and store.read_manifest(entry)["kv_cache"] == recorded
-    # off: vLLM profiles at every start
+    # off (the default): vLLM profiles at every start
     off = serve_until_ready_then_stop(box, {**env, "TURINGBOX_KV_SIZE_FROM_CACHE": "0"})
     assert "KV cache size: vLLM profiles memory at this start (kv_size_from_cache is off)" in off
+    # a start given the size that fails (vLLM dies while it allocates the KV cache) drops it: the next profiles
+    failed = serve_until_ready_then_stop(box, {**env, "FAKE_VLLM_FAIL_AT": "capturing"}, expect_ready=False)
+    assert "dropped the recorded KV cache size after a start given it failed" in failed
+    assert store.read_manifest(entry)["kv_cache"] == {}
+    again = serve_until_ready_then_stop(box, env)
+    assert "(no size recorded in the cache entry for this plan and these arguments yet)" in again
     given = [argv[argv.index("--kv-cache-memory-bytes") + 1] if "--kv-cache-memory-bytes" in argv else None
              for argv in started_argvs(events)]
-    assert given == [None, None, str(kv_bytes), None]
+    assert given == [None, None, str(kv_bytes), None, str(kv_bytes), None]
+
+
+def test_a_start_without_the_plugins_compile_key_fix_records_no_size(box):
+    """Given the size, such a start would recompile every graph (vllm#47356): nothing is recorded for it."""
+    env = {**engine(FILLING_ENGINE), "TURINGBOX_KV_SIZE_FROM_CACHE": "1",
+           "FAKE_VLLM_KV_KEY_FIX": "skipped: vllm.config.cache.CacheConfig.compute_hash is not vLLM 0.21.0's"}
+    serve_until_ready_then_stop(box, env)
+    second = serve_until_ready_then_stop(box, env)
+    assert "recorded the KV cache size" not in second
+    [row] = shown(box)
+    assert "kv_cache" not in store.read_manifest(store.entry_dir(box["root"], row["key"]))

@@ -33,6 +33,18 @@ def test_the_signature_is_the_argv_that_sizes_memory(args, passthrough, same):
     assert len(base) == 64 and engine_signature(tuple(PLAN_ARGS), ()) == base
 
 
+@pytest.mark.parametrize("env, same", [
+    ({"HOME": "/other", "VLLM_CACHE_ROOT": "/tmp/copy/vllm", "TRITON_CACHE_DIR": "/x", "VLLM_API_KEY": "k"}, True),
+    ({"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0"}, False),      # vLLM then does not subtract graph memory
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, False),
+    ({"CUDA_VISIBLE_DEVICES": "1"}, False),
+    ({"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, False),
+])
+def test_the_signature_holds_vllms_environment_that_changes_its_profile(env, same):
+    base = {"CUDA_VISIBLE_DEVICES": "0", "VLLM_WORKER_MULTIPROC_METHOD": "fork", "HOME": "/root"}
+    assert (engine_signature(PLAN_ARGS, [], {**base, **env}) == engine_signature(PLAN_ARGS, [], base)) is same
+
+
 def test_the_signature_holds_no_secret_and_ignores_its_value():
     """It is stored in the entry's manifest: a key vLLM was given after `--` is masked before hashing."""
     a = engine_signature(PLAN_ARGS, ["--api-key", "sk-one"])
@@ -70,14 +82,20 @@ def test_the_log_line_says_which_it_was(enabled, recorded, passthrough, sentence
     assert kv_size_sentence(enabled, recorded, passthrough) == sentence
 
 
-def worker(rank, nbytes=80 * GIB, given=False):
-    return {"rank": rank, "kv_cache": {"bytes": nbytes, "given": given}}
+def worker(rank, nbytes=80 * GIB, given=False, fix="applied"):
+    return {"rank": rank, "kv_cache": {"bytes": nbytes, "given": given},
+            "active": {"vllm_fixes": {"kv_size_out_of_compile_key": fix}}}
 
 
 @pytest.mark.parametrize("workers, compiled, expected, measured", [
     ([worker(0)], 0, 1, 80 * GIB),
     ([worker(0, 81 * GIB), worker(1, 80 * GIB)], 0, 2, 80 * GIB),           # vLLM sizes every worker alike
     ([worker(0)], 2, 1, None),                 # compiled its graphs: peaked higher, sized less KV
+    # without the plugin's compile-key fix a start given the size would recompile every graph (vllm#47356)
+    ([worker(0, fix="skipped: vllm.config.cache.CacheConfig.compute_hash is not vLLM 0.21.0's")], 0, 1, None),
+    ([worker(0, fix="failed: ImportError: x")], 0, 1, None),
+    ([{"rank": 0, "kv_cache": {"bytes": 80 * GIB, "given": False}}], 0, 1, None),
+    ([worker(0, fix="skipped: vLLM already leaves kv_cache_memory_bytes out of its compile key")], 0, 1, 80 * GIB),
     ([worker(0, given=True)], 0, 1, None),     # given the size: nothing measured
     ([worker(0), worker(1, given=True)], 0, 2, None),
     ([worker(0), {"rank": 1}], 0, 2, None),    # a worker without the plugin's report (an older plugin)
@@ -89,7 +107,13 @@ def worker(rank, nbytes=80 * GIB, given=False):
     ([worker(0)], 0, 2, None),                 # a worker of TP 2 did not report: its size may be the least
 ])
 def test_the_size_recorded_from_a_start(workers, compiled, expected, measured):
-    assert measured_kv_size(workers, compiled, expected) == measured
+    assert measured_kv_size(workers, compiled, 2, expected) == measured
+
+
+def test_a_start_that_loaded_no_graph_records_nothing():
+    """An eager plan compiles and loads nothing: its first start may have profiled during its JIT, and it has no
+    CUDA-graph profile to skip."""
+    assert measured_kv_size([worker(0)], 0, 0) is None
 
 
 def test_extra_args_reach_vllm_between_the_plans_args_and_its_address(tmp_path):
@@ -115,4 +139,4 @@ def test_extra_args_reach_vllm_between_the_plans_args_and_its_address(tmp_path):
     workers = asyncio.run(sequence())
     engine.remove_runtime_dir()
     assert [w["kv_cache"] for w in workers] == [{"bytes": 12 * GIB, "given": True}]
-    assert measured_kv_size(workers, 0) is None
+    assert measured_kv_size(workers, 0, 2) is None
