@@ -18,8 +18,7 @@ from turingbox import config
 from turingbox.cache import store
 from turingbox.config import CacheSettings, LauncherSettings, WarmupSettings
 from turingbox.engine.engine import Engine, EngineNotAnswering, EngineUnfit
-from turingbox.engine.launch import (engine_signature, kv_size_args, kv_size_sentence, measured_kv_size, parent_env,
-                                     vllm_env)
+from turingbox.engine.launch import kv_size_for_start, parent_env, vllm_env
 from turingbox.errors import UsageError
 from turingbox.model import hub
 from turingbox.plan.types import Plan
@@ -74,7 +73,7 @@ def warmup(make_plan: Callable[[], Plan], cache: CacheSettings, settings: Warmup
 
 
 def _seed(plan: Plan, session: store.CacheSession, settings: WarmupSettings, launcher: LauncherSettings,
-          seed_only: bool, passthrough: list[str], kv_size_from_cache: bool = True) -> int:
+          seed_only: bool, passthrough: list[str], kv_size_from_cache: bool) -> int:
     for line in session.status["events"]:
         print(f"turingbox: {line}", flush=True)
     if session.status["result"] == "hit" and session.mode == "shared" and not seed_only:
@@ -122,7 +121,7 @@ def _print_result(session: store.CacheSession, plan: Plan) -> None:
 
 
 def _warm_engine(plan: Plan, session: store.CacheSession, passthrough: list[str], *, vllm_command: str | None,
-                 warmup_timeout_s: float, stop_grace_s: float, kv_size_from_cache: bool = True) -> None:
+                 warmup_timeout_s: float, stop_grace_s: float, kv_size_from_cache: bool) -> None:
     """Start vLLM with serve's own engine start (turingbox.engine.engine.Engine), wait until it answers, check the
     workers' strict warmup, run the active warmup, stop it gracefully.
 
@@ -151,7 +150,7 @@ def _warm_engine(plan: Plan, session: store.CacheSession, passthrough: list[str]
 
 async def _warm_engine_async(plan: Plan, session: store.CacheSession, passthrough: list[str],
                              vllm_command: str | None, warmup_timeout_s: float, stop_grace_s: float,
-                             kv_size_from_cache: bool = True) -> None:
+                             kv_size_from_cache: bool) -> None:
     compiled = await _start_once(plan, session, passthrough, vllm_command, warmup_timeout_s, stop_grace_s,
                                  kv_size_from_cache)
     if compiled:
@@ -172,24 +171,22 @@ async def _warm_engine_async(plan: Plan, session: store.CacheSession, passthroug
 
 
 async def _start_once(plan: Plan, session: store.CacheSession, passthrough: list[str], vllm_command: str | None,
-                      warmup_timeout_s: float, stop_grace_s: float, kv_size_from_cache: bool = True) -> int:
+                      warmup_timeout_s: float, stop_grace_s: float, kv_size_from_cache: bool) -> int:
     """One vLLM start (serve's Engine: the same argv, environment, supervisor, wait and worker check) with its own
     runtime folder (workers' status files are per start; a serve beside it keeps its own). As serve, it is given
     the KV size the entry recorded (kv_size_from_cache), and a start that loaded its graphs and profiled the KV
     size records it. Returns how many torch.compile graphs vLLM said it compiled (not loaded) at this start."""
     compiled = loaded = 0
     env = vllm_env(parent_env(), plan.env, session.env)
-    signature = engine_signature(plan.vllm_args, passthrough, env)
-    recorded = session.kv_size(signature) if kv_size_from_cache else None
-    print(f"turingbox: {kv_size_sentence(kv_size_from_cache, recorded, passthrough)}", flush=True)
-    kv_args = kv_size_args(recorded, passthrough)
+    kv = kv_size_for_start(plan, passthrough, env, kv_size_from_cache, session.kv_size)
+    print(f"turingbox: {kv.sentence}", flush=True)
 
     def count_graphs(line: str) -> None:
         nonlocal compiled, loaded
         compiled += GRAPH_COMPILED in line
         loaded += GRAPH_LOADED in line
     engine = Engine(plan, env=env, runtime_base=plan.env.get(RUNTIME_DIR_ENV) or tempfile.gettempdir(), kind="warmup",
-                    vllm_command=vllm_command, passthrough=passthrough, extra_args=kv_args,
+                    vllm_command=vllm_command, passthrough=passthrough, extra_args=kv.args,
                     answer_timeout_s=warmup_timeout_s, stop_grace_s=stop_grace_s, on_stage=stage,
                     on_line=count_graphs, output=sys.stdout.buffer)
     ok = False
@@ -204,13 +201,12 @@ async def _start_once(plan: Plan, session: store.CacheSession, passthrough: list
         stage("active-warmup")
         await asyncio.to_thread(run_active_warmup, engine.url, engine.served_model, engine.api_key,
                                 max(60.0, engine.seconds_left()))
-        kv_bytes = measured_kv_size(workers, compiled, loaded,
-                                    plan.tensor_parallel_size * max(1, plan.data_parallel_size))
-        if kv_bytes is not None and session.record_kv_size(kv_bytes, signature):
+        kv_bytes = kv.measured(workers, compiled, loaded)
+        if kv_bytes is not None and session.record_kv_size(kv_bytes, kv.signature):
             print(f"turingbox: {session.status['events'][-1]}", flush=True)
         ok = True
     finally:
-        if kv_args and not ok and session.forget_kv_size(signature):    # the size it was given may be why
+        if kv.given and not ok and session.forget_kv_size(kv.signature):    # the size it was given may be why
             print(f"turingbox: {session.status['events'][-1]}", flush=True)
         await engine.stop()
         engine.remove_runtime_dir()

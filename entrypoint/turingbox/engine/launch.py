@@ -15,6 +15,7 @@ import socket
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import httpx
@@ -267,16 +268,45 @@ def kv_size_args(recorded: int | None, passthrough: Sequence[str]) -> list[str]:
 
 def kv_size_sentence(enabled: bool, recorded: int | None, passthrough: Sequence[str]) -> str:
     """The log line saying whether this start is given a recorded KV size, and why not."""
-    if enabled and kv_size_args(recorded, passthrough):
+    sizing = memory_sizing_flags(passthrough)
+    if enabled and _positive_int(recorded) and not sizing:
         return (f"KV cache size from the cache entry: {recorded / 2**30:.2f} GiB ({KV_SIZE_FLAG} {recorded}): "
                 "vLLM skips its CUDA-graph memory profile")
     if not enabled:
         why = "kv_size_from_cache is off"
-    elif memory_sizing_flags(passthrough):
-        why = "the arguments after -- size memory: " + ", ".join(memory_sizing_flags(passthrough))
+    elif sizing:
+        why = "the arguments after -- size memory: " + ", ".join(sizing)
     else:
         why = "no size recorded in the cache entry for this plan and these arguments yet"
     return f"KV cache size: vLLM profiles memory at this start ({why})"
+
+
+@dataclass(frozen=True)
+class StartKvSize:
+    """One start's KV size, as serve and the seed decide it alike (kv_size_for_start): the signature its
+    measurement is recorded under, the args that give it a recorded size ([] : vLLM profiles), the log line, and
+    how many workers must report a measured size (TP x DP)."""
+    signature: str
+    args: list[str]
+    sentence: str
+    workers: int
+
+    @property
+    def given(self) -> bool:
+        return bool(self.args)
+
+    def measured(self, workers: Sequence[Mapping[str, Any]], graphs_compiled: int, graphs_loaded: int) -> int | None:
+        """What to record from this start's workers (measured_kv_size), or None."""
+        return measured_kv_size(workers, graphs_compiled, graphs_loaded, self.workers)
+
+
+def kv_size_for_start(plan: Any, passthrough: Sequence[str], env: Mapping[str, str], enabled: bool,
+                      recorded_of: Callable[[str], int | None] | None) -> StartKvSize:
+    """Decide a start's KV size: recorded_of(signature) reads the cache entry's record (None: no entry)."""
+    signature = engine_signature(plan.vllm_args, passthrough, env)
+    recorded = recorded_of(signature) if enabled and recorded_of is not None else None
+    return StartKvSize(signature, kv_size_args(recorded, passthrough), kv_size_sentence(enabled, recorded, passthrough),
+                       plan.tensor_parallel_size * max(1, plan.data_parallel_size))
 
 
 # The plugin's fix that keeps --kv-cache-memory-bytes out of vLLM's compile key (turingbox_plugin.vllm_fixes), as

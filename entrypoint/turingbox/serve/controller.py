@@ -39,8 +39,8 @@ from turingbox.config import CacheSettings
 from turingbox.engine.diagnosis import FailureDiagnosis
 from turingbox.engine.engine import ENGINE_READY, ENGINE_START, Engine, EngineNotAnswering, EngineUnfit
 from turingbox.engine.launch import (
-    MASK, SECRET_FLAGS, engine_signature, flag_value, flag_values, health_client, kv_size_args, kv_size_sentence,
-    mask_argv, measured_kv_size, parent_env, read_workers, vllm_env
+    MASK, SECRET_FLAGS, StartKvSize, flag_value, flag_values, health_client, kv_size_for_start, mask_argv,
+    parent_env, read_workers, vllm_env
 )
 from turingbox.engine.supervisor import Supervisor, describe_exit
 from turingbox.errors import UsageError
@@ -230,8 +230,7 @@ class Controller:
         self.supervisor = Supervisor(on_line=self._observe_line, redact=self.redact)
         self.cache_session: Any = None      # until finished
         self.cache_to_close: Any = None     # until exit: close() removes a private/cold temporary copy
-        self.kv_signature = ""              # engine_signature of this start's argv (set once planned)
-        self.kv_given = False               # this start was given a recorded KV size (a failure drops the record)
+        self.kv_size: StartKvSize | None = None     # this start's KV size (set once the cache is prepared)
         self.stop_requested = asyncio.Event()
         self.upstream_died = asyncio.Event()
         self.fatal: tuple[int, str] | None = None
@@ -413,7 +412,7 @@ class Controller:
 
         # 2. caches
         env = vllm_env(parent_env(), plan.env, await self._prepare_cache(plan))
-        kv_args = await self._kv_size_args(plan, env)
+        kv = self.kv_size = await self._kv_size(plan, env)
 
         # 3. vLLM, with status files in a directory of this instance's own under the configured runtime dir:
         # two instances on one host (two compose services, serve beside a warmup) must not read each other's.
@@ -423,7 +422,7 @@ class Controller:
         # Under the controller's own supervisor, made before the plan so a signal at any stage reaches the group.
         self.engine = engine = Engine(
             plan, env=env, runtime_base=base, kind="serve", vllm_command=opts.vllm_command,
-            passthrough=self.passthrough, extra_args=kv_args, upstream_port=opts.upstream_port,
+            passthrough=self.passthrough, extra_args=kv.args, upstream_port=opts.upstream_port,
             answer_timeout_s=opts.startup_timeout_seconds, stop_grace_s=opts.vllm_stop_grace_seconds,
             on_stage=self._engine_stage, supervisor=self.supervisor, diagnosis=self.diagnosis)
         self.runtime_dir = self.own_runtime_dir = engine.runtime_dir
@@ -449,9 +448,8 @@ class Controller:
         t = self.tracker
         session, self.cache_session = self.cache_session, None
         if session is not None:
-            kv_bytes = measured_kv_size(workers, t.graphs_compiled, t.graphs_loaded,
-                                        plan.tensor_parallel_size * max(1, plan.data_parallel_size))
-            _in_daemon_thread(_complete_session, session, kv_bytes, self.kv_signature)
+            _in_daemon_thread(_complete_session, session, kv.measured(workers, t.graphs_compiled, t.graphs_loaded),
+                              kv.signature)
         log.info("ready after %.1f s (stages: %s; vLLM graphs: %d loaded from cache, %d compiled)", t.ready_after_s,
                  ", ".join(f"{k} {v:.1f} s" for k, v in t.durations.items()), t.graphs_loaded, t.graphs_compiled)
         warning = stages.compile_cache_warning(t.profile, t.graphs_compiled, t.graphs_loaded,
@@ -497,29 +495,23 @@ class Controller:
         self.tracker.profile = "warm" if cache_is_warm(status) else "cold"
         return {k: str(v) for k, v in (getattr(self.cache_session, "env", {}) or {}).items()}
 
-    async def _kv_size_args(self, plan: Plan, env: dict[str, str]) -> list[str]:
-        """The vLLM args giving this start the KV size an earlier start of the same signature (argv and vLLM's
-        environment) recorded in the cache entry (kv_size_from_cache), with one line saying whether it was given,
-        and why not."""
-        enabled = self.cache_settings.kv_size_from_cache
-        self.kv_signature = engine_signature(plan.vllm_args, self.passthrough, env)
+    async def _kv_size(self, plan: Plan, env: dict[str, str]) -> StartKvSize:
+        """This start's KV size (kv_size_from_cache: the size an earlier start of the same signature recorded in the
+        cache entry), with one line saying whether it is given, and why not."""
         session = self.cache_session
-        recorded = None
-        if enabled and session is not None:
-            recorded = await _in_daemon_thread(session.kv_size, self.kv_signature)     # reads the manifest
-        log.info("%s", kv_size_sentence(enabled, recorded, self.passthrough))
-        args = kv_size_args(recorded, self.passthrough)
-        self.kv_given = bool(args)
-        return args
+        kv = await _in_daemon_thread(kv_size_for_start, plan, self.passthrough, env,          # reads the manifest
+                                     self.cache_settings.kv_size_from_cache, session and session.kv_size)
+        log.info("%s", kv.sentence)
+        return kv
 
     def _finish_cache(self, ok: bool, engine_failed: bool = False) -> None:
         """Finish the cache session (unless handed off at ready). engine_failed: vLLM died or startup failed; a
         start given a recorded KV size then drops it, so the next start profiles instead of failing alike."""
         session, self.cache_session = self.cache_session, None
         if session is not None:
-            if engine_failed and self.kv_given:
+            if engine_failed and self.kv_size is not None and self.kv_size.given:
                 with contextlib.suppress(Exception):
-                    session.forget_kv_size(self.kv_signature)
+                    session.forget_kv_size(self.kv_size.signature)
             _finish_session(session, ok)
 
     async def _watch_upstream(self) -> None:
