@@ -365,7 +365,8 @@ _CACHE = (  # the compile cache (serve, warmup, cache show/verify/seed)
             "turingbox_warmup.image.flashinfer_aot), copied into the flashinfer/ folder of every new cache entry"),
     Setting("aot_modelinfos_dir", "vLLM's model-class facts computed at image build (python -m "
             "turingbox_warmup.image.modelinfos), copied into the vllm/ folder of every new cache entry"),
-    # off until a GPU run shows it pays and keeps the graphs loading (issue 35; bench/gpu/README.md `kvcut`)
+    # off: session 27's kvcut (H100) showed the graphs still load and vLLM's ~2.5 s profile skipped, but no shorter
+    # start: the kernels the profile loaded load later instead (docs/startup.md "Session 27")
     Setting("kv_size_from_cache", "start vLLM with the KV cache size (--kv-cache-memory-bytes) that an earlier start "
             "with the same arguments and environment measured in this cache entry, so vLLM skips its CUDA-graph "
             "memory profile (a start given it that fails drops it); off: vLLM profiles memory at every start "

@@ -106,6 +106,8 @@ LOAD_FORMAT_PACKAGES: dict[str, tuple[str, str]] = {
 # Session 20 (H200, 2026-12-05, docs/benchmarks.md "Issue 35 item 3"): plain vLLM 0.21 with the plan's argv, TP=1,
 # the 64-layer AWQ demo as a real 19.51 GB safetensors checkpoint (4 shards), page cache dropped, "Model loading
 # took": safetensors 18.24 s, safetensors-prefetch 15.07 s, runai_streamer 14.15 s (runai-model-streamer 0.16.1).
+# Session 27 (H100, same checkpoint): fastsafetensors 24.62 s against prefetch 15.06 s: the main model at the disk's
+# speed (11.09 s), but MTP's drafter reads every shard again from disk (11.74 s), so auto never picks it.
 LOAD_MEASURED = ("14.2 s vs 15.1 s safetensors-prefetch and 18.2 s safetensors, a 19.5 GB AWQ checkpoint from a "
                  "cold page cache, H200 2026-12-05")
 
