@@ -188,7 +188,8 @@ for phase in "$@"; do
               # permits only <|im_end|>, min_tokens masks it; under MTP the all -inf row killed the 64-layer engine).
               # 4-layer demo, eager: turingbox serve (the plugin's fix_min_tokens_vs_grammar and fix_out_of_vocab_ids)
               # gets all the candidates, one by one and together (the last, allowed_token_ids [90] "{" with a
-              # json_object, empties its row at the second token without min_tokens); then plain vLLM with the plan's
+              # json_object, empties its row at the second token without min_tokens: session 27 a 500, since then
+              # fix_allowed_ids_dead_end's 400); then plain vLLM with the plan's
               # argv, on a copy of turingbox's entry (its cold start took 219 s in session 25, the copy saves most of
               # it), gets the first alone (session 25: a 500 "Internal server error", the engine alive)
               [ -d /tmp/demo4 ] || python3 -m turingbox demo-model /tmp/demo4 --layers 4

@@ -670,7 +670,8 @@ def first_check(url: str, model: str) -> dict:
 # -- replay
 
 # Refusals that are turingbox's own (the plugin's API-server check), where plain vLLM 0.21 fails the same request
-# with a 500 (vllm#53665's kin: allowed_token_ids that cannot start the structured output). A 4xx here against
+# with a 500 (vllm#53665's kin: allowed_token_ids that cannot start the structured output, or continue it: both
+# sentences begin alike, vllm_fixes.fix_allowed_vs_grammar and fix_allowed_ids_dead_end). A 4xx here against
 # plain vLLM's 5xx is the fix, not a difference to explain; any other status difference is.
 OWN_REFUSALS = ("allowed_token_ids and structured_outputs leave no token to generate",)
 # turingbox's admission limits (serve/admission.py) name the setting they refuse by, "(TURINGBOX_MAX_TOTAL_TOKENS)":

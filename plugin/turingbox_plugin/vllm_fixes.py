@@ -1,6 +1,7 @@
 """Fixes to vLLM 0.21.0 behaviour that a client can trigger, applied in the worker process (`apply_all`),
 and patches register() applies in every vLLM process (`apply_at_register`): `fix_allowed_vs_grammar`, a
-request validation (API server), `fix_terminated_grammar` (the scheduler's grammars, engine core), and two startup
+request validation (API server), `fix_terminated_grammar` (the scheduler's grammars, engine core),
+`fix_allowed_ids_dead_end` (a mid-output dead end of allowed_token_ids: engine core and API server), and two startup
 shortcuts: `skip_text_only_model_import` for `--language-model-only` and `defer_tokenizer_pool` (API server).
 
 Each fix names the upstream report, checks that vLLM's source still contains the code it corrects (so a vLLM
@@ -335,7 +336,7 @@ def fix_allowed_vs_grammar() -> str:
     has ended: a prompt that leaves reasoning open (thinking on, or a raw completions prompt) is generated
     unconstrained by the grammar and vLLM answers 200, so such a request proceeds. That is decided where vLLM
     decides it, in `AsyncLLM.add_request` once the prompt is rendered (`_add_request_gate`).
-    Only the first step is checked: a later dead end still ends as vLLM ends it. Any other failure of the check
+    Only the first step is checked here (a later dead end: `fix_allowed_ids_dead_end`). Any other failure of the check
     is logged at debug and the request proceeds as before. Other backends (guidance, outlines) are not checked.
     """
     from vllm.sampling_params import SamplingParams
@@ -422,6 +423,164 @@ def skip_text_only_model_import() -> str:
     MultiModalRegistry.supports_multimodal_inputs = supports_multimodal_inputs
     MultiModalRegistry._turingbox_text_only = True
     return "applied"
+
+
+
+# Where vLLM 0.21.0 ends a request whose grammar rejects a sampled token, and what carries the engine's word on it to
+# the API server (vllm/v1/core/sched/scheduler.py update_from_output; vllm/v1/structured_output/__init__.py;
+# vllm/entrypoints/openai/engine/serving.py).
+SCHEDULER_ENDS_ON_REJECTION = "request.status = RequestStatus.FINISHED_ERROR"
+SCHEDULER_SENDS_STOP_REASON = "stop_reason=request.stop_reason"
+CREATE_GRAMMAR_COMPILES = "return self.backend.compile_grammar(request_type, grammar_spec)"
+RAISE_IF_ERROR_500 = 'raise GenerationError("Internal server error")'
+# The engine's stop_reason for such a request starts with this; the API server turns it into the 400's sentence.
+DEAD_END_MARK = "turingbox:allowed_token_ids:"
+_DEAD_ENDS_KEPT = 256                      # request ids waiting for their serving code to raise (API server)
+_dead_ends: "dict[str, str]" = {}
+_dead_end_state = {"engine": None, "api": None}
+
+
+def _allowed_ids_continue(grammar: Any, allowed: tuple[int, ...]) -> bool:
+    """Whether the grammar, where it stands, accepts any of the allowed ids (on CPU, as the scheduler fills it)."""
+    import xgrammar as xgr
+
+    bitmask = xgr.allocate_token_bitmask(1, grammar.vocab_size)
+    grammar.fill_bitmask(bitmask, 0)
+    row = bitmask[0].tolist()
+    return any(0 <= t < grammar.vocab_size and (row[t >> 5] >> (t & 31)) & 1 for t in allowed)
+
+
+def _dead_end_sentence(allowed: tuple[int, ...], generated: int) -> str:
+    return (f"allowed_token_ids and structured_outputs leave no token to generate after {generated} token"
+            f"{'s' if generated != 1 else ''} of the structured output: none of the {len(allowed)} allowed ids can "
+            "continue it.")
+
+
+def _dead_end_engine_half() -> str:
+    import weakref
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarGrammar
+
+    if getattr(XgrammarGrammar, "_turingbox_dead_end", False):
+        return "applied"
+    if not (_unchanged(Scheduler.update_from_output, SCHEDULER_ENDS_ON_REJECTION)
+            and _unchanged(Scheduler.update_from_output, SCHEDULER_SENDS_STOP_REASON)
+            and _unchanged(StructuredOutputManager._create_grammar, CREATE_GRAMMAR_COMPILES)):
+        return "skipped: the scheduler's grammar rejection is not vLLM 0.21.0's"
+    create_grammar, accept_tokens = StructuredOutputManager._create_grammar, XgrammarGrammar.accept_tokens
+
+    @functools.wraps(create_grammar)
+    def creating(self: Any, request: Any) -> Any:
+        grammar = create_grammar(self, request)
+        allowed = getattr(request.sampling_params, "allowed_token_ids", None)
+        if allowed and isinstance(grammar, XgrammarGrammar):
+            grammar._turingbox_allowed = (tuple(allowed), weakref.ref(request))
+        return grammar
+
+    @functools.wraps(accept_tokens)
+    def accepting(self: Any, request_id: str, tokens: list[int]) -> bool:
+        if accept_tokens(self, request_id, tokens):
+            return True
+        hint = self.__dict__.get("_turingbox_allowed")
+        request = hint[1]() if hint else None
+        try:
+            if request is not None and not self.is_terminated() and not _allowed_ids_continue(self, hint[0]):
+                # the client's ids, not the engine, left the row empty: the API server answers 400 with this
+                request.stop_reason = DEAD_END_MARK + _dead_end_sentence(hint[0], self.num_processed_tokens)
+                log.info("turingbox: request %s: %s", request_id, request.stop_reason[len(DEAD_END_MARK):])
+        except Exception:      # the check is an aid: the request ends as vLLM ends it
+            log.debug("turingbox allowed_token_ids dead end: not decided", exc_info=True)
+        return False
+
+    StructuredOutputManager._create_grammar = creating
+    XgrammarGrammar.accept_tokens = accepting
+    XgrammarGrammar._turingbox_dead_end = True
+    return "applied"
+
+
+def _dead_end_api_half() -> str:
+    """Only where vLLM's OpenAI serving code is loaded (the API server; a forked engine core inherits it unused)."""
+    if "vllm.entrypoints.openai.engine.serving" not in sys.modules:
+        return "applied"                       # no serving code in this process: nothing answers a client here
+    from http import HTTPStatus
+
+    from vllm.entrypoints.openai.engine.protocol import GenerationError
+    from vllm.entrypoints.openai.engine.serving import OpenAIServing
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.engine import FinishReason
+    from vllm.v1.engine.output_processor import RequestState
+
+    if getattr(OpenAIServing, "_turingbox_dead_end", False):
+        return "applied"
+    if not _unchanged(OpenAIServing._raise_if_error, RAISE_IF_ERROR_500):
+        return "skipped: OpenAIServing._raise_if_error is not vLLM 0.21.0's"
+
+    class AllowedIdsDeadEnd(GenerationError, VLLMValidationError):
+        """A GenerationError (every serving path catches it, streams included) that vLLM's error mapping reads as
+        a validation error: 400, BadRequestError, param allowed_token_ids."""
+
+        def __init__(self, message: str) -> None:
+            GenerationError.__init__(self, message)
+            self.parameter, self.value = "allowed_token_ids", None
+            self.status_code = HTTPStatus.BAD_REQUEST
+
+    make_output, raise_if_error = RequestState.make_request_output, OpenAIServing._raise_if_error
+    convert = OpenAIServing._convert_generation_error_to_streaming_response
+
+    @functools.wraps(make_output)
+    def making(self: Any, new_token_ids: Any, pooling_output: Any, finish_reason: Any, stop_reason: Any,
+               *args: Any, **kwargs: Any) -> Any:
+        if (finish_reason == FinishReason.ERROR and isinstance(stop_reason, str)
+                and stop_reason.startswith(DEAD_END_MARK)):
+            while len(_dead_ends) >= _DEAD_ENDS_KEPT:          # ids whose serving code never asked (a dropped client)
+                _dead_ends.pop(next(iter(_dead_ends)))
+            sentence = stop_reason[len(DEAD_END_MARK):]
+            _dead_ends[self.external_req_id] = sentence
+            if self.parent_req is not None:
+                _dead_ends[self.parent_req.external_req_id] = sentence
+        return make_output(self, new_token_ids, pooling_output, finish_reason, stop_reason, *args, **kwargs)
+
+    @functools.wraps(raise_if_error)
+    def raising(self: Any, finish_reason: str | None, request_id: str) -> None:
+        if finish_reason == "error" and _dead_ends:
+            key = request_id if request_id in _dead_ends else next(
+                (k for k in _dead_ends if k.startswith(request_id + "-")), None)
+            if key is not None:
+                raise AllowedIdsDeadEnd(_dead_ends.pop(key))
+        return raise_if_error(self, finish_reason, request_id)
+
+    @functools.wraps(convert)
+    def converting(self: Any, e: Any) -> str:
+        if isinstance(e, AllowedIdsDeadEnd):
+            return self.create_streaming_error_response(e)      # vLLM's mapping: 400, BadRequestError, param
+        return convert(self, e)
+
+    RequestState.make_request_output = making
+    OpenAIServing._raise_if_error = raising
+    OpenAIServing._convert_generation_error_to_streaming_response = converting
+    OpenAIServing._turingbox_dead_end = True
+    return "applied"
+
+
+def fix_allowed_ids_dead_end() -> str:
+    """A request whose allowed_token_ids leave its structured output no next token mid-output is a 400, not a 500.
+
+    `fix_allowed_vs_grammar` refuses the pair when no allowed id can start the output. A later dead end is only
+    known once generated: allowed_token_ids [90] ("{") with json_object starts the object, then nothing allowed can
+    follow it. The row is all -inf, the engine samples id 0 (`fix_out_of_vocab_ids` keeps it inside the
+    vocabulary), the grammar rejects it and vLLM 0.21 ends the request as an internal error, 500
+    ("Unexpected: grammar rejected tokens [0]"; session 27's `mintokens` on an H100; vllm#18783). Here, where the
+    scheduler runs, a rejection is checked against the request's allowed ids at the grammar's state: when none of
+    them can continue, the engine's stop_reason carries the sentence, and the API server answers 400 in vLLM's
+    error shape (param allowed_token_ids; an error event with code 400 in a stream). A rejection of a token the
+    allowed ids could have replaced is the engine's own fault and stays a 500. Other backends, and bad_words, are
+    not checked.
+    """
+    engine = _dead_end_state["engine"] = _dead_end_engine_half()
+    api = _dead_end_state["api"] = _dead_end_api_half()
+    return engine if engine != "applied" else api
 
 
 # vLLM 0.21.0's XgrammarGrammar.accept_tokens: a grammar that has terminated rejects every later token.
@@ -923,6 +1082,7 @@ def _hook_engine_start() -> None:
 REGISTER_FIXES: dict[str, Callable[[], str]] = {"allowed_vs_grammar": fix_allowed_vs_grammar,
                                                 "text_only_model_import": skip_text_only_model_import,
                                                 "terminated_grammar": fix_terminated_grammar,
+                                                "allowed_ids_dead_end": fix_allowed_ids_dead_end,
                                                 "stop_before_min_tokens": fix_stop_before_min_tokens,
                                                 "tokenizer_pool_after_engine_start": defer_tokenizer_pool}
 
