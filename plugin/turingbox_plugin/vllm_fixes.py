@@ -503,7 +503,7 @@ def _dead_end_engine_half() -> str:
 def _dead_end_api_half() -> str:
     """Only where vLLM's OpenAI serving code is loaded (the API server; a forked engine core inherits it unused)."""
     if "vllm.entrypoints.openai.engine.serving" not in sys.modules:
-        return "applied"                       # no serving code in this process: nothing answers a client here
+        return "not needed: no OpenAI serving code in this process"      # nothing answers a client here
     from http import HTTPStatus
 
     from vllm.entrypoints.openai.engine.protocol import GenerationError
@@ -545,10 +545,14 @@ def _dead_end_api_half() -> str:
     @functools.wraps(raise_if_error)
     def raising(self: Any, finish_reason: str | None, request_id: str) -> None:
         if finish_reason == "error" and _dead_ends:
-            key = request_id if request_id in _dead_ends else next(
-                (k for k in _dead_ends if k.startswith(request_id + "-")), None)
-            if key is not None:
-                raise AllowedIdsDeadEnd(_dead_ends.pop(key))
+            # the engine's ids are the serving id itself (chat, n > 1), or it plus "-{i}" (completions, one per
+            # prompt) or "_{i}" (responses, batch chat): every one of them is answered by this raise
+            keys = [k for k in _dead_ends if k == request_id or k.startswith((request_id + "-", request_id + "_"))]
+            if keys:
+                sentence = _dead_ends[keys[0]]
+                for k in keys:
+                    del _dead_ends[k]
+                raise AllowedIdsDeadEnd(sentence)
         return raise_if_error(self, finish_reason, request_id)
 
     @functools.wraps(convert)
@@ -580,7 +584,9 @@ def fix_allowed_ids_dead_end() -> str:
     """
     engine = _dead_end_state["engine"] = _dead_end_engine_half()
     api = _dead_end_state["api"] = _dead_end_api_half()
-    return engine if engine != "applied" else api
+    if engine != "applied":
+        return engine
+    return "applied" if api == "applied" or api.startswith("not needed") else api
 
 
 # vLLM 0.21.0's XgrammarGrammar.accept_tokens: a grammar that has terminated rejects every later token.

@@ -35,9 +35,10 @@ from vllm.entrypoints.openai.engine.serving import OpenAIServing  # noqa: E402
 from vllm.entrypoints.utils import create_error_response  # noqa: E402
 from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams  # noqa: E402
 from vllm.tokenizers import get_tokenizer  # noqa: E402
-from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason  # noqa: E402
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason  # noqa: E402
 from vllm.v1.engine.output_processor import OutputProcessor  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend  # noqa: E402
 
@@ -48,6 +49,7 @@ if mode == "moved":
     vllm_fixes.RAISE_IF_ERROR_500 = 'raise GenerationError("Internal server error moved")'
     vllm_fixes.SCHEDULER_SENDS_STOP_REASON = "stop_reason=request.stop_reason_moved"
 if mode != "unpatched":
+    out["terminated"] = vllm_fixes.fix_terminated_grammar()      # register()'s order: it wraps accept_tokens first
     out["applied"] = vllm_fixes.fix_allowed_ids_dead_end()
     out["applied_again"] = vllm_fixes.fix_allowed_ids_dead_end()
     out["halves"] = dict(vllm_fixes._dead_end_state)
@@ -85,18 +87,28 @@ request3, grammar3 = engine_request("chatcmpl-plain-4e5f", None)
 out["rejected_without_allowed"] = grammar3.accept_tokens(request3.request_id, [0])
 out["stop_reason_without_allowed"] = request3.stop_reason
 
-# the API server: the engine's output reaches vLLM's real OutputProcessor, then the serving code's error check
+# the API server: the engine's output crosses vLLM's msgpack wire into its real OutputProcessor, then the serving
+# code's error check with the id that serving path passes: chat (the engine's external id itself), completions with
+# two prompts ("-{i}", both dead), responses ("_{i}")
 processor = OutputProcessor(tok, log_stats=False)
 answers = {}
-for rid, ext, stop_reason in (("chatcmpl-dead-0a1b", "chatcmpl-dead", request.stop_reason),
-                              ("chatcmpl-alive-2c3d", "chatcmpl-alive", request2.stop_reason)):
-    core = EngineCoreRequest(request_id=rid, prompt_token_ids=[1, 2, 3], mm_features=None,
-                             sampling_params=SamplingParams(max_tokens=8, output_kind=RequestOutputKind.FINAL_ONLY),
-                             pooling_params=None, arrival_time=0.0, lora_request=None, cache_salt=None,
-                             data_parallel_rank=None, external_req_id=ext)
-    processor.add_request(core, None, None, 0)
-    processor.process_outputs([EngineCoreOutput(request_id=rid, new_token_ids=BRACE, finish_reason=FinishReason.ERROR,
-                                                stop_reason=stop_reason)])
+wire = MsgpackDecoder(EngineCoreOutputs)
+CASES = (("chatcmpl-dead", [("chatcmpl-dead-0a1b", "chatcmpl-dead")], request.stop_reason),
+         ("chatcmpl-alive", [("chatcmpl-alive-2c3d", "chatcmpl-alive")], request2.stop_reason),
+         ("cmpl-dead", [("cmpl-dead-0-6a7b", "cmpl-dead-0"), ("cmpl-dead-1-8c9d", "cmpl-dead-1")], request.stop_reason),
+         ("resp_dead", [("resp_dead_0-aa11", "resp_dead_0")], request.stop_reason))
+for asked, engine_ids, stop_reason in CASES:
+    for rid, ext in engine_ids:
+        core = EngineCoreRequest(request_id=rid, prompt_token_ids=[1, 2, 3], mm_features=None,
+                                 sampling_params=SamplingParams(max_tokens=8,
+                                                                output_kind=RequestOutputKind.FINAL_ONLY),
+                                 pooling_params=None, arrival_time=0.0, lora_request=None, cache_salt=None,
+                                 data_parallel_rank=None, external_req_id=ext)
+        processor.add_request(core, None, None, 0)
+        sent = EngineCoreOutputs(outputs=[EngineCoreOutput(request_id=rid, new_token_ids=BRACE,
+                                                           finish_reason=FinishReason.ERROR, stop_reason=stop_reason)])
+        processor.process_outputs(wire.decode(MsgpackEncoder().encode(sent)).outputs)
+    ext = asked
     try:
         OpenAIServing._raise_if_error(None, "error", ext)
         answers[ext] = None

@@ -40,6 +40,7 @@ def test_vllm_0_21_answers_the_dead_end_with_a_500(run):
     out = run("unpatched")
     assert out["brace"] == [90]                     # the id session 27's request allowed
     assert out["first"] is True and out["rejected"] is False and out["stop_reason"] is None
+    assert out["answers"]["cmpl-dead"]["status"] == 500
     assert out["answers"]["chatcmpl-dead"] == {
         "status": 500, "type": "InternalServerError", "param": None, "message": "Internal server error",
         "stream_status": 500, "stream_type": "InternalServerError"}
@@ -49,13 +50,18 @@ def test_the_dead_end_is_a_400_naming_allowed_token_ids(run):
     out = run("patched")
     assert out["applied"] == out["applied_again"] == "applied"
     assert out["halves"] == {"engine": "applied", "api": "applied"}
+    assert out["terminated"] == "applied"           # stacked as register() stacks them: both wrap accept_tokens
     assert out["rejected"] is False                 # the engine still ends the request: nothing can follow
     assert out["stop_reason"].startswith("turingbox:allowed_token_ids:" + SENTENCE)
     dead = out["answers"]["chatcmpl-dead"]
     assert (dead["status"], dead["type"], dead["param"]) == (400, "BadRequestError", "allowed_token_ids")
     assert dead["message"].startswith(SENTENCE + ": none of the 1 allowed ids can continue it.")
     assert (dead["stream_status"], dead["stream_type"]) == (400, "BadRequestError")
-    assert out["kept"] == 0                         # the id is forgotten once answered
+    # completions with two prompts (engine ids "-0", "-1") and responses ("_0"): the serving id finds them
+    for asked in ("cmpl-dead", "resp_dead"):
+        assert out["answers"][asked]["status"] == 400 and out["answers"][asked]["param"] == "allowed_token_ids"
+    assert out["kept"] == 0                         # every id is forgotten once answered: none left to misanswer
+
 
 
 def test_a_rejection_the_allowed_ids_did_not_force_stays_a_500(run):
@@ -73,3 +79,4 @@ def test_steps_aside_when_vllm_changed(run):
     assert out["halves"]["api"].startswith("skipped:")
     assert out["stop_reason"] is None
     assert out["answers"]["chatcmpl-dead"]["status"] == 500
+    assert out["answers"]["resp_dead"]["status"] == 500
