@@ -229,10 +229,20 @@ def _first_step_allows(params: Any, model_config: Any, so_config: Any, tokenizer
     if backend is None:          # still being built (or vLLM changed under it): this request goes unchecked
         return True
     grammar = backend.compile_grammar(*get_structured_output_key(params.structured_outputs))
-    bitmask = backend.allocate_token_bitmask(1)          # CPU int32 tensor, as the engine's scheduler fills
+    return _grammar_accepts_any(grammar, params.allowed_token_ids)
+
+
+def _grammar_accepts_any(grammar: Any, allowed: Any) -> bool:
+    """Whether an XgrammarGrammar, where it stands, accepts any of the allowed ids: its next-token bitmask in a CPU
+    int32 tensor, as the engine's scheduler fills it. The first step (fix_allowed_vs_grammar) or mid-output
+    (fix_allowed_ids_dead_end)."""
+    import xgrammar as xgr
+
+    vocab_size = grammar.vocab_size
+    bitmask = xgr.allocate_token_bitmask(1, vocab_size)
     grammar.fill_bitmask(bitmask, 0)
     row = bitmask[0].tolist()
-    return any(0 <= t < vocab_size and (row[t >> 5] >> (t & 31)) & 1 for t in params.allowed_token_ids)
+    return any(0 <= t < vocab_size and (row[t >> 5] >> (t & 31)) & 1 for t in allowed)
 
 
 # Where vLLM 0.21.0 settles whether a request's grammar starts at its first output token (AsyncLLM.add_request
@@ -440,16 +450,6 @@ _dead_ends: "dict[str, str]" = {}
 _dead_end_state = {"engine": None, "api": None}
 
 
-def _allowed_ids_continue(grammar: Any, allowed: tuple[int, ...]) -> bool:
-    """Whether the grammar, where it stands, accepts any of the allowed ids (on CPU, as the scheduler fills it)."""
-    import xgrammar as xgr
-
-    bitmask = xgr.allocate_token_bitmask(1, grammar.vocab_size)
-    grammar.fill_bitmask(bitmask, 0)
-    row = bitmask[0].tolist()
-    return any(0 <= t < grammar.vocab_size and (row[t >> 5] >> (t & 31)) & 1 for t in allowed)
-
-
 def _dead_end_sentence(allowed: tuple[int, ...], generated: int) -> str:
     return (f"allowed_token_ids and structured_outputs leave no token to generate after {generated} token"
             f"{'s' if generated != 1 else ''} of the structured output: none of the {len(allowed)} allowed ids can "
@@ -486,7 +486,7 @@ def _dead_end_engine_half() -> str:
         hint = self.__dict__.get("_turingbox_allowed")
         request = hint[1]() if hint else None
         try:
-            if request is not None and not self.is_terminated() and not _allowed_ids_continue(self, hint[0]):
+            if request is not None and not self.is_terminated() and not _grammar_accepts_any(self, hint[0]):
                 # the client's ids, not the engine, left the row empty: the API server answers 400 with this
                 request.stop_reason = DEAD_END_MARK + _dead_end_sentence(hint[0], self.num_processed_tokens)
                 log.info("turingbox: request %s: %s", request_id, request.stop_reason[len(DEAD_END_MARK):])
