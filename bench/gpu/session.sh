@@ -200,10 +200,13 @@ for phase in "$@"; do
               CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 660 python3 bench/gpu/crash_bisect.py --plan $R/plan-mintokens.json \
                 --candidates bench/gpu/min_tokens_candidates.json --mode turingbox --repeat 1 --port 8400 \
                 --cache /tmp/mt-tb --ready-limit 540 > $R/mintokens-turingbox.txt 2>&1
+              # MINTOKENS_PLAIN=0: turingbox's side only (plain's 500 is on record from sessions 25 and 27)
+              if [ "${MINTOKENS_PLAIN:-1}" != 0 ]; then
               entry_as_plain_cache /tmp/mt-tb /tmp/mt-plain
               CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 660 python3 bench/gpu/crash_bisect.py --plan $R/plan-mintokens.json \
                 --candidates /tmp/mintokens-plain.json --mode plain --repeat 0 --no-restart --port 8300 --cache /tmp/mt-plain \
                 --ready-limit 540 > $R/mintokens-plain.txt 2>&1
+              fi
               unset TURINGBOX_ENFORCE_EAGER TURINGBOX_GPU_MEMORY_UTILIZATION ;;
     soakseed) # issue 15: the 64-layer demo's entry at the soak's memory share, filled cold by `warmup --seed-only`
               [ -d /tmp/demo ] || python3 -m turingbox demo-model /tmp/demo
