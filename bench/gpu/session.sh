@@ -298,7 +298,12 @@ for phase in "$@"; do
               done
               # vLLM's own record of what its compile key hashed, per start (session 11: HOME moved it)
               find /tmp/turingbox-bench -name cache_key_factors.json -path '*backbone*' | while read -r f; do
-                echo "== $f"; cat "$f"; done > $R/startup/cache-key-factors.txt 2>&1 ;;
+                echo "== $f"; cat "$f"; done > $R/startup/cache-key-factors.txt 2>&1
+              # what each empty start compiled, and when (the cold start's silent minutes)
+              for root in tb-empty-root plain-home; do
+                [ -d /tmp/turingbox-bench/$root ] && python3 bench/gpu/triton_timeline.py /tmp/turingbox-bench/$root \
+                  --json $R/startup/triton-timeline-$root.json > $R/startup/triton-timeline-$root.txt 2>&1
+              done ;;
     kvcut)    # issue 35's first cut: a seeded start given the KV size the seed's loading start recorded in the entry
               # (--kv-cache-memory-bytes, so vLLM skips its CUDA-graph memory profile) against one that profiles, twice
               # each (KVCUT_STARTS, default "profiled given profiled given"; "given" alone when time is short: the seed's
