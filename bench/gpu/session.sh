@@ -75,6 +75,17 @@ startup_step() {
   OUT=$R/startup BENCH_GPUS=$one BENCH_WORK=/tmp/turingbox-bench \
     BENCH_ARGS="--tb-env TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos --copy-logs $2" \
     timeout 600 bash bench/startup.sh "$1" >> $R/startup.txt 2>&1; }
+# STARTUP_DUMPS=N: every N s while the startup steps run, a nonblocking py-spy dump of each vLLM engine core (what a
+# start does in the minutes its log is silent; py-spy from the staged wheels). Results: $R/startup/pyspy-dumps.txt
+pyspy_dumps() {
+  local bin; bin=$(ls /tmp/site/bin/py-spy /tmp/pyspy/bin/py-spy 2>/dev/null | head -1)
+  [ -n "$bin" ] || { echo "py-spy is not staged: no dumps" >> $R/startup.txt; return 0; }
+  while [ ! -e /tmp/session/dumps.stop ]; do
+    sleep "$1"
+    for pid in $(pgrep -f EngineCore); do
+      echo "=== $(date +%T) pid $pid"; timeout 20 "$bin" dump --pid "$pid" --nonblocking 2>&1 | head -80
+    done
+  done >> $R/startup/pyspy-dumps.txt 2>&1; }
 # The image's model infos (Dockerfile: turingbox_warmup.image.modelinfos), built once per machine: new entries start with them,
 # so vLLM skips its model-class inspections (startup steps' --tb-env, soakawq's --env)
 build_modelinfos_once() {
@@ -293,9 +304,12 @@ for phase in "$@"; do
               [ -z "${BENCH_MODEL:-}" ] || [ -d "$BENCH_MODEL" ] || python3 -m turingbox demo-model "$BENCH_MODEL" \
                 --layers "${BENCH_LAYERS:-4}" > $R/demo-model.txt 2>&1
               IFS=';' read -ra steps <<< "${STARTUP_STEPS:-empty|--only plain;seed|;seeded|}"
+              mkdir -p $R/startup; rm -f /tmp/session/dumps.stop
+              [ "${STARTUP_DUMPS:-0}" = 0 ] || pyspy_dumps "$STARTUP_DUMPS" &
               for step in "${steps[@]}" "report|"; do
                 startup_step "${step%%|*}" "${step#*|}"
               done
+              touch /tmp/session/dumps.stop
               # vLLM's own record of what its compile key hashed, per start (session 11: HOME moved it)
               find /tmp/turingbox-bench -name cache_key_factors.json -path '*backbone*' | while read -r f; do
                 echo "== $f"; cat "$f"; done > $R/startup/cache-key-factors.txt 2>&1
