@@ -3,7 +3,8 @@
 A cold start's log goes silent for minutes while kernels compile (session 17: ~140 s between the drafter's
 profile run and the KV cache sizing, in both servers). Triton writes each compiled kernel into its own cache
 directory (`<hash>/<kernel>.json` metadata beside the binary), so the files' modification times are the
-compile times. Autotune results (`*.autotune.json`) are listed too. Usage:
+compile times. Autotune results (`*.autotune.json`) and FlashInfer's JIT modules (`cached_ops/<uri>/<uri>.so`, built
+with nvcc at first use) are listed too. Usage:
 
     python3 bench/gpu/triton_timeline.py ROOT [ROOT ...] [--json OUT]
 
@@ -30,6 +31,9 @@ def kernel_files(root: str):
             elif name.endswith(".json") and not name.startswith("__grp__") and \
                     any(f.endswith((".cubin", ".hsaco")) for f in files):
                 yield os.path.getmtime(path), name[:-len(".json")], "kernel", path
+            elif name.endswith(".so") and os.sep + "cached_ops" + os.sep in path:
+                # a FlashInfer JIT module (nvcc), <workspace>/.cache/flashinfer/<ver>/<arch>/cached_ops/<uri>/<uri>.so
+                yield os.path.getmtime(path), name[:-len(".so")], "flashinfer", path
 
 
 def timeline(roots: list[str]) -> dict:
@@ -43,6 +47,7 @@ def timeline(roots: list[str]) -> dict:
     gaps = [{"after_s": round(a[0] - t0, 1), "gap_s": round(b[0] - a[0], 1), "before": b[1], "after": a[1]}
             for a, b in zip(rows, rows[1:]) if b[0] - a[0] > 5]
     return {"roots": roots, "kernels": sum(1 for r in rows if r[2] == "kernel"),
+            "flashinfer_modules": sum(1 for r in rows if r[2] == "flashinfer"),
             "autotune_records": sum(1 for r in rows if r[2] == "autotune"),
             "first": t0, "span_s": round(rows[-1][0] - t0, 1),
             "by_kernel": sorted(({"name": n, "kind": k, "count": len(ts), "first_s": round(ts[0], 1),
@@ -60,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
-    print(f"{out['kernels']} kernels, {out.get('autotune_records', 0)} autotune records over {out.get('span_s')} s")
+    print(f"{out['kernels']} kernels, {out.get('autotune_records', 0)} autotune records, "
+          f"{out.get('flashinfer_modules', 0)} FlashInfer modules over {out.get('span_s')} s")
     for r in out["by_kernel"]:
         print(f"{r['first_s']:8.1f} {r['last_s']:8.1f} {r['count']:4d} {r['kind']:8s} {r['name']}")
     for g in out["gaps"]:

@@ -1,6 +1,6 @@
 """bench/gpu/triton_timeline.py on a real Triton cache: two kernels compiled by Triton itself (turingbox_warmup's
-AOT path, no GPU), one of them dated 12 s later, beside an autotune record; the timeline must name both kernels,
-count the variants and report the 12-s gap between them."""
+AOT path, no GPU), one of them dated 12 s later, beside an autotune record and a FlashInfer JIT module; the timeline
+must name each, count the variants and report the 12-s gap."""
 from __future__ import annotations
 
 import json
@@ -57,8 +57,14 @@ def test_timeline_names_kernels_counts_variants_and_finds_the_gap(tmp_path):
     (tune / "copy_kernel.autotune.json").write_text(json.dumps({"configs_timings": []}))
     os.utime(tune / "copy_kernel.autotune.json", (base + 1.5,) * 2)
 
+    fi = tmp_path / "root" / "flashinfer" / ".cache" / "flashinfer" / "0.6.8.post1" / "90a" / "cached_ops" / "sampling"
+    fi.mkdir(parents=True)
+    (fi / "sampling.so").write_bytes(b"\x7fELF")
+    os.utime(fi / "sampling.so", (base + 16,) * 2)
+
     out = triton_timeline.timeline([str(tmp_path / "root")])
-    assert out["kernels"] == 3 and out["autotune_records"] == 1
+    assert out["kernels"] == 3 and out["autotune_records"] == 1 and out["flashinfer_modules"] == 1
+    assert out["by_kernel"][-1]["name"] == "sampling" and out["by_kernel"][-1]["kind"] == "flashinfer"
     by = {(r["name"], r["kind"]): r for r in out["by_kernel"]}
     assert by[("copy_kernel", "kernel")]["count"] == 2
     assert by[("scale_kernel", "kernel")]["first_s"] == 14.0
@@ -68,7 +74,7 @@ def test_timeline_names_kernels_counts_variants_and_finds_the_gap(tmp_path):
     js = tmp_path / "t.json"
     r = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "root"), "--json", str(js)],
                        capture_output=True, text=True, check=True)
-    assert "3 kernels, 1 autotune records over 14.0 s" in r.stdout
+    assert "3 kernels, 1 autotune records, 1 FlashInfer modules over 16.0 s" in r.stdout
     assert "gap   12.5 s" in r.stdout
     assert json.load(open(js))["kernels"] == 3
 
