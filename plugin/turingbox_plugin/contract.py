@@ -71,6 +71,8 @@ class PluginConfig:
     max_num_seqs: int | None = None
     cudagraph_capture_sizes: tuple[int, ...] = ()
     prune_autotune: bool = True           # sm_75: drop autotune configs differing only in num_stages
+    autotune_compile_threads: int | None = None   # a tuning's configs compiled at once; None: the worker's CPUs
+                                                  # shared among the host's GPU workers (autotune.compile_threads)
 
     def gdn_path(self, capability: tuple[int, int] | None) -> str:
         """The GDN path for a GPU of this compute capability: "auto" picks turbo on sm_75 only."""
@@ -110,7 +112,8 @@ class PluginConfig:
 
         config = cls(strict_warmup=flag("strict_warmup"), require_plugin=flag("require_plugin"), gdn=gdn,
                      num_speculative_tokens=opt_int("num_speculative_tokens"), max_num_seqs=opt_int("max_num_seqs"),
-                     cudagraph_capture_sizes=tuple(sorted(set(sizes))), prune_autotune=flag("prune_autotune"))
+                     cudagraph_capture_sizes=tuple(sorted(set(sizes))), prune_autotune=flag("prune_autotune"),
+                     autotune_compile_threads=opt_int("autotune_compile_threads"))
         known = {f.name for f in fields(cls)}
         return config, {k: v for k, v in cfg.items() if k not in known}
 

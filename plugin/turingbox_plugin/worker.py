@@ -53,6 +53,15 @@ def deferred_jit_monitor() -> Iterator[list[bool]]:
         jit_monitor.activate = real
 
 
+def _gpu_workers_on_host(vllm_config: Any) -> int:
+    """GPU workers that tune at the same moment on this host: the engine's TP x PP ranks times the local
+    data-parallel engines (over-counted across nodes: fewer compile threads each, never more)."""
+    pc = getattr(vllm_config, "parallel_config", None)
+    world = int(getattr(pc, "world_size", 1) or 1)
+    local_dp = int(getattr(pc, "data_parallel_size_local", 1) or 1)
+    return max(1, world * local_dp)
+
+
 def _startup_fail(message: str) -> PluginStartupError:
     log.error("turingbox: %s", message)
     return PluginStartupError(f"turingbox: {message}")
@@ -88,9 +97,12 @@ class TuringboxWorker(Worker):
         # vLLM 0.21 faults a client can trigger (wrong allowed_token_ids masks, an engine-killing gather):
         # patched before the model runner builds its InputBatch; each says applied or why not
         self.tb_active_paths["vllm_fixes"] = apply_all()
+        threads = autotune.compile_threads(s.autotune_compile_threads, len(os.sched_getaffinity(0)),
+                                           _gpu_workers_on_host(self.vllm_config))
         self.tb_active_paths["autotune_patch"] = autotune.install(
             # TRITON_CACHE_DIR: set by the launcher for vLLM and Triton, read here as Triton reads it
-            prune_num_stages=s.prune_autotune, stable_cache_dir=contract.variable("TRITON_CACHE_DIR"))
+            prune_num_stages=s.prune_autotune, stable_cache_dir=contract.variable("TRITON_CACHE_DIR"), threads=threads)
+        self.tb_active_paths["autotune_compile_threads"] = threads
         self._require(self.tb_active_paths["jit_accounting"], "Triton's post-compile hook could not be installed")
         self.tb_status.update(stage="loading", active=self.tb_active_paths)
 

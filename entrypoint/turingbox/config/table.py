@@ -482,6 +482,7 @@ PLUGIN_CONFIG: dict[str, tuple[str, ...]] = {
     "max_num_seqs": ("max_num_seqs",),                 # unset: what fits
     "cudagraph_capture_sizes": ("max_num_seqs", "enforce_eager"),   # the planner's sizes up to max_num_seqs
     "prune_autotune": (),                              # the contract's default (on)
+    "autotune_compile_threads": (),                    # the contract's default (the worker's CPUs per GPU worker)
 }
 PLUGIN_ENV: dict[str, str] = dict(plugin_contract.ENGINE_ENV)
 assert all(name in REGISTRY and not var.startswith("TURINGBOX_") for var, name in PLUGIN_ENV.items()), \
