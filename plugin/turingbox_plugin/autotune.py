@@ -74,21 +74,26 @@ def precompile(tuner: Any, configs: Sequence[Any], args: Sequence[Any], meta: di
     kwargs, each config's kwargs, `warmup=True`: compile, no launch), on up to `threads` threads through
     Triton's AsyncCompileMode. Each kernel lands in the JIT function's in-memory cache under the key the
     benchmark's launch computes, so the benchmark compiles nothing. Returns how many were submitted."""
-    from triton.runtime._async_compile import AsyncCompileMode
+    from triton.runtime._async_compile import AsyncCompileMode, active_mode
     n = min(threads, len(configs))
-    if n < 2:
+    if n < 2 or active_mode.get() is not None:   # inside another pool's compiles (the strict warmup's sweep)
         return 0
     submitted = 0
-    with ThreadPoolExecutor(n, thread_name_prefix="turingbox-autotune-compile") as pool, \
-            AsyncCompileMode(pool, ignore_errors=True):
-        for config in configs:
-            kwargs = dict(meta, **config.all_kwargs())
-            kwargs["warmup"] = True
-            try:
-                tuner.fn.run(*args, **kwargs)
-            except Exception:  # noqa: BLE001 - the benchmark launches this config again and reports it as Triton does
-                continue
-            submitted += 1
+    with ThreadPoolExecutor(n, thread_name_prefix="turingbox-autotune-compile") as pool:
+        try:
+            with AsyncCompileMode(pool, ignore_errors=True):
+                for config in configs:
+                    kwargs = dict(meta, **config.all_kwargs())
+                    kwargs["warmup"] = True
+                    try:
+                        tuner.fn.run(*args, **kwargs)
+                    except Exception:  # noqa: BLE001 - the benchmark launches it again and reports it as Triton does
+                        continue
+                    submitted += 1
+        finally:
+            # Triton's __exit__ resets the mode only when every finalize returned: never leave the benchmark's
+            # launches pointed at this (then shut down) pool (as specializations._compile_pool)
+            active_mode.set(None)
     return submitted
 
 
