@@ -76,6 +76,37 @@ PROFILE_RUN = re.compile(r"Initial profiling/warmup run took ([0-9.]+) s")
 # (TRITON_CACHE_AUTOTUNING=1, which FLA's GDN kernels need to skip their ~90 s autotune on a restart); "default" is
 # vLLM as installed (Inductor's cache moved into HOME as well, so a copy of HOME carries it).
 PLAIN_CACHES = ("careful", "default")
+# FlashInfer's own way to start without nvcc is its `flashinfer-jit-cache` package: prebuilt modules that
+# flashinfer/jit/env.py's `_get_aot_dir` finds at `flashinfer_jit_cache.get_jit_cache_dir()/<uri>/<uri>.so`. It is
+# published on flashinfer.ai's index only, which the GPU machine cannot reach, so plain vLLM "at its best" on a fresh
+# node gets a stand-in package of that name serving the modules the image bakes (--plain-flashinfer-prebuilt).
+JIT_CACHE_STANDIN = '''"""Stand-in for FlashInfer's flashinfer-jit-cache package, written by turingbox's bench/startup.py: FlashInfer
+finds it as it finds the published package (flashinfer/jit/env.py) and loads {n} prebuilt module(s) for {arch} from it."""
+__version__ = {version!r}
+
+
+def get_jit_cache_dir():
+    return {cache_dir!r}
+'''
+
+
+def write_jit_cache_standin(aot_base: str, dest: str) -> dict:
+    """A `flashinfer_jit_cache` package under `dest` (put on PYTHONPATH) whose jit-cache directory is the one arch's
+    `cached_ops/` of a baked FlashInfer layout (turingbox_warmup.image.flashinfer_aot build). Returns what it serves."""
+    from turingbox.cache.flashinfer_prebuilt import prebuilt_modules
+    modules = prebuilt_modules(aot_base)
+    dirs = sorted({os.path.dirname(m["path"]) for m in modules})
+    if len(dirs) != 1:
+        raise SystemExit(f"bench: --plain-flashinfer-prebuilt needs the modules of one GPU arch, found {len(dirs)} "
+                         f"cached_ops folders under {aot_base}.")
+    versions = sorted({m.get("flashinfer_version", "") for m in modules})
+    pkg = os.path.join(dest, "flashinfer_jit_cache")
+    os.makedirs(pkg, exist_ok=True)
+    with open(os.path.join(pkg, "__init__.py"), "w") as f:
+        f.write(JIT_CACHE_STANDIN.format(n=len(modules), arch=modules[0].get("workspace_arch"),
+                                         version=f"{versions[0]}+turingbox-standin", cache_dir=dirs[0]))
+    return {"package": "flashinfer_jit_cache (stand-in)", "cache_dir": dirs[0],
+            "modules": [m["uri"] for m in modules], "flashinfer_version": versions[0]}
 
 
 def log(msg: str) -> None:
@@ -302,6 +333,8 @@ class Bench:
         # turingbox's own start only (e.g. VLLM_WORKER_MULTIPROC_METHOD=fork, which plain vLLM cannot use: its API
         # server initialises CUDA when it imports the model class, and vLLM then forces spawn)
         self.tb_extra_env = dict(kv.split("=", 1) for kv in a.tb_env)
+        self.jit_cache = write_jit_cache_standin(a.plain_flashinfer_prebuilt, self.path("flashinfer-jit-cache")) \
+            if a.plain_flashinfer_prebuilt else None
 
     def variant(self) -> dict:
         v = {"vllm_args": self.vllm_args, "env": self.extra_env}
@@ -309,6 +342,8 @@ class Bench:
             v["turingbox_env"] = self.tb_extra_env
         if self.a.tb_wrap:
             v["turingbox_wrap"] = self.a.tb_wrap
+        if self.jit_cache and "plain" in self.servers():
+            v["plain_flashinfer_prebuilt"] = self.jit_cache
         return v
 
     def servers(self) -> tuple[str, ...]:
@@ -345,6 +380,10 @@ class Bench:
             # autotune cache on (off by default; without it FLA re-autotunes for ~90 s at every start)
             env.update(VLLM_CACHE_ROOT=os.path.join(home, ".cache", "vllm"),
                        TRITON_CACHE_DIR=os.path.join(home, ".triton", "cache"), TRITON_CACHE_AUTOTUNING="1")
+        if self.jit_cache:
+            # outside HOME: an installed package, not a cache the start fills
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (self.path("flashinfer-jit-cache"),
+                                                            env.get("PYTHONPATH")) if p)
         return env
 
     def plan(self) -> dict:
@@ -395,6 +434,8 @@ class Bench:
         start = {"server": server, "n": ledger[key], "caches_at": key, "caches": self.CACHE_STATE.get(phase, phase)}
         if server == "plain":
             start["cache_settings"] = self.a.plain_caches
+            if self.jit_cache:
+                start["flashinfer_prebuilt"] = True
         return start
 
     def start_plain(self, plan: dict, gpu: str, home: str, phase: str) -> tuple[Run, dict]:
@@ -644,6 +685,19 @@ def fair_ab(phases: dict) -> dict:
                                         "plain_ready_s": best["ready_s"], "turingbox_ready_s": tb_restart["ready_s"],
                                         "ratio": round(ratio, 3), "le_0.8x": ratio <= 0.8,
                                         "plain_restarts_s": sorted(r["ready_s"] for r in restarts)}
+    # Cold (issue 35 item 4): each turingbox start on empty caches vs plain vLLM's fastest empty start on record, e.g.
+    # the one given FlashInfer's prebuilt modules (--plain-flashinfer-prebuilt), which says so in its start.
+    plain_cold = [r for r in rows if r["server"] == "plain" and r["record"].split("+")[0] == "empty" and r.get("ready_s")]
+    tb_cold = [r for r in rows if r["server"] == "turingbox" and r["record"].split("+")[0] == "empty"
+               and r.get("ready_s")]
+    if plain_cold and tb_cold:
+        best = min(plain_cold, key=lambda r: r["ready_s"])
+        out["cold"] = {
+            "plain": f"{best['record']} (flashinfer prebuilt: {bool(best['start'].get('flashinfer_prebuilt'))})",
+            "plain_ready_s": best["ready_s"],
+            "plain_empty_starts": {r["record"]: r["ready_s"] for r in plain_cold},
+            "turingbox": {r["record"]: {"ready_s": r["ready_s"], "ratio": round(r["ready_s"] / best["ready_s"], 3),
+                                        "le_0.8x": r["ready_s"] <= 0.8 * best["ready_s"]} for r in tb_cold}}
     for name, r in (("fresh_node_turingbox", tb_fresh), ("restart_turingbox", tb_restart)):
         if r:
             out[f"{name}_le_40s"] = r["ready_s"] <= 40.0
@@ -733,6 +787,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plain-caches", choices=PLAIN_CACHES, default="careful",
                    help="plain vLLM's cache settings: careful (VLLM_CACHE_ROOT, TRITON_CACHE_DIR, "
                         "TRITON_CACHE_AUTOTUNING=1, Inductor's cache in HOME) or default (as installed)")
+    p.add_argument("--plain-flashinfer-prebuilt", default="", metavar="DIR",
+                   help="plain vLLM gets FlashInfer's prebuilt modules of this baked layout (TURINGBOX_AOT_FLASHINFER_DIR's"
+                        " form) through a flashinfer-jit-cache stand-in, as a user who installs that package")
     p.add_argument("--copy-logs", action="store_true", help="also copy the logs to <out>/startup-logs")
     a = p.parse_args(argv)
     bench = Bench(a)

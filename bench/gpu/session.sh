@@ -29,6 +29,9 @@
 #     (ckptwrite, may run beside a phase whose seconds are not measured), then the disk's read speed and vLLM's load
 #     formats against it (ckptload, CKPT_FORMATS; alone on the machine)
 #   startup: issue 18's A/B, bench/startup.sh; STARTUP_STEPS names its steps
+#   coldab: issue 35 item 4, startup's steps for the cold A/B in one run: turingbox on empty caches with the image's
+#     FlashInfer module, plain vLLM's empty start with FlashInfer's prebuilt modules (flashinfer-jit-cache's route) and
+#     as installed (both staged by bench/gpu/stage-extras.sh in /tmp/dw/fi-aot)
 #   kvcut: issue 35's --kv-cache-memory-bytes from the seed: seeded starts with and without it (startup's steps)
 #   plmem: prompt_logprobs memory on startup's caches
 #   startupx: turingbox warm under py-spy; STARTUP_NOACTIVE=1 adds one without the active warmup, STARTUP_SPAWN=1 a
@@ -294,7 +297,7 @@ for phase in "$@"; do
               for _ in $(seq 1 $(( ${HOSTILE_READY_S:-300} / 2 ))); do curl -sf -o /dev/null http://127.0.0.1:8090/health/ready && break; sleep 2; done   # poll
               timeout 300 python3 bench/gpu/hostile.py --url http://127.0.0.1:8090 --out $R/hostile.json > $R/hostile.txt 2>&1
               kill -TERM "$(cat /tmp/hostile.pid)"; for _ in $(seq 1 30); do kill -0 "$(cat /tmp/hostile.pid)" 2>/dev/null || break; sleep 1; done ;;
-    startup)  # issue 18's A/B (bench/startup.sh), one server at a time on one GPU: STARTUP_STEPS lists its steps as
+    startup|coldab)  # issue 18's A/B (bench/startup.sh), one server at a time on one GPU: STARTUP_STEPS lists its steps as
               # "phase|flags" separated by ';'. The default is the whole A/B in one go (~18 min: plain vLLM's empty start fills
               # its caches, turingbox's seed its entry, then both seeded); session 15 ran it in calls of under 10 minutes
               # each (bench/gpu/README.md): "seed|", then "seeded|--only turingbox;empty|--only plain", then "seeded|--only
@@ -303,7 +306,16 @@ for phase in "$@"; do
               build_modelinfos_once
               [ -z "${BENCH_MODEL:-}" ] || [ -d "$BENCH_MODEL" ] || python3 -m turingbox demo-model "$BENCH_MODEL" \
                 --layers "${BENCH_LAYERS:-4}" > $R/demo-model.txt 2>&1
-              IFS=';' read -ra steps <<< "${STARTUP_STEPS:-empty|--only plain;seed|;seeded|}"
+              default_steps="empty|--only plain;seed|;seeded|"
+              if [ "$phase" = coldab ]; then   # ~190 + ~290 + ~380 s on an H100 (estimates from sessions 17, 27, 28)
+                fi=/tmp/dw/fi-aot
+                default_steps="empty|--only turingbox --label imageaot --tb-env TURINGBOX_AOT_FLASHINFER_DIR=$fi;empty|--only plain --label jitcache --plain-flashinfer-prebuilt $fi;empty|--only plain"
+              fi
+              IFS=';' read -ra steps <<< "${STARTUP_STEPS:-$default_steps}"
+              if [ "$phase" = coldab ] && [ ! -d $fi/.cache/flashinfer ]; then
+                echo "coldab: $fi is not staged (bench/gpu/stage-extras.sh); without it every cold start pays" \
+                  "FlashInfer's nvcc: not run" >> $R/startup.txt; steps=()
+              fi
               mkdir -p $R/startup; rm -f /tmp/session/dumps.stop
               [ "${STARTUP_DUMPS:-0}" = 0 ] || pyspy_dumps "$STARTUP_DUMPS" &
               for step in "${steps[@]}" "report|"; do

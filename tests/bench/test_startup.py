@@ -53,7 +53,8 @@ def test_all_phases_run_on_the_caches_they_claim_and_write_json_and_chart(tmp_pa
             res = phases[phase][server]
             assert res["ready_s"] > 0 and res["first_ttft_s"] > 0, (phase, server, res)
             stages = res["stages_s"]
-            assert stages["weights"] >= 0.08 and stages["compile + profile"] >= 0.08   # FAKE_VLLM_STAGE_SECONDS
+            # FAKE_VLLM_STAGE_SECONDS (0.1 s); a line read late under load shortens the stage after it
+            assert stages["weights"] >= 0.05 and stages["compile + profile"] >= 0.05
             assert abs(sum(stages.values()) - res["ready_s"]) < 0.05          # the breakdown adds up
     logs = tmp_path / "work" / "logs"
     # turingbox: a miss on empty caches, a hit on the copied seed, a hit again when warm.
@@ -261,3 +262,62 @@ def test_the_breakdown_ends_the_profile_stage_at_either_kv_line():
                                  "turingbox warmup + checks": 1}
     log_line = "reserved 81.19 GiB memory for KV Cache as specified by kv_cache_memory_bytes config"
     assert re.search(startup.SIGNALS["kv_size_given"], log_line)
+
+
+def baked_flashinfer_layout(base, uri="sampling", arch="90a", version="0.6.8.post1"):
+    """The layout turingbox_warmup.image.flashinfer_aot build writes (and TURINGBOX_AOT_FLASHINFER_DIR names)."""
+    mod = base / ".cache" / "flashinfer" / version / arch / "cached_ops" / uri
+    mod.mkdir(parents=True)
+    (mod / f"{uri}.so").write_bytes(b"\x7fELF" + b"\0" * 60)
+    (mod / "turingbox-prebuilt.json").write_text(json.dumps(
+        {"module": uri, "uri": uri, "arch": arch, "workspace_arch": arch, "args": [], "generator": "gen_sampling_module",
+         "flashinfer_version": version}))
+    return mod
+
+
+def test_plain_vllm_gets_flashinfers_prebuilt_modules_the_way_flashinfer_jit_cache_gives_them(tmp_path):
+    """Session 28: a fair cold A/B gives plain vLLM the modules the image bakes, as a user who installs FlashInfer's
+    flashinfer-jit-cache has them. The stand-in reaches plain vLLM only (PYTHONPATH), its start says so, and real
+    FlashInfer, importing it, loads the sampling module from the baked file instead of building it."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    module = baked_flashinfer_layout(tmp_path / "fi-aot")
+    events = tmp_path / "events.jsonl"
+    r = bench(tmp_path, "empty", "--gpus", "0", "--plain-flashinfer-prebuilt", str(tmp_path / "fi-aot"),
+              "--env", f"FAKE_VLLM_EVENTS={events}")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    results = json.load(open(tmp_path / "out" / "startup.json"))
+    prebuilt = results["phases"]["empty"]["variant"]["plain_flashinfer_prebuilt"]
+    assert prebuilt["modules"] == ["sampling"] and prebuilt["cache_dir"] == str(module.parent)
+    starts = {row["server"]: row["start"] for row in results["starts"]}
+    assert starts["plain"]["flashinfer_prebuilt"] is True and "flashinfer_prebuilt" not in starts["turingbox"]
+    cold = results["fair_ab"]["cold"]
+    assert cold["plain"] == "empty (flashinfer prebuilt: True)"
+    assert cold["turingbox"]["empty"]["ratio"] == round(
+        results["phases"]["empty"]["turingbox"]["ready_s"] / results["phases"]["empty"]["plain"]["ready_s"], 3)
+    started = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "started"]
+    paths = {("turingbox" if "--worker-cls" in e["argv"] else "plain"): e.get("pythonpath") or "" for e in started}
+    standin = str(tmp_path / "work" / "flashinfer-jit-cache")
+    assert paths["plain"].split(os.pathsep)[0] == standin and standin not in paths["turingbox"]
+    # FlashInfer's own lookup (0.6.8.post1, as make test-setup unpacks it), in a process with plain vLLM's PYTHONPATH
+    from turingbox_warmup.image.flashinfer_aot import default_flashinfer_src
+    src = default_flashinfer_src()
+    if not src:
+        pytest.skip("FlashInfer's package is not unpacked (make test-setup)")
+    probe = ("from flashinfer.jit import env; from flashinfer.jit.sampling import gen_sampling_module; "
+             "print(env.FLASHINFER_AOT_DIR); print(gen_sampling_module().get_library_path())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "FLASHINFER_CUDA_ARCH_LIST": "9.0",
+                              "PYTHONPATH": os.pathsep.join((paths["plain"], os.path.dirname(src)))})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == [str(module.parent), str(module / "sampling.so")]
+
+
+def test_plain_flashinfer_prebuilt_of_two_archs_is_one_sentence(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    baked_flashinfer_layout(tmp_path / "fi-aot", arch="90a")
+    baked_flashinfer_layout(tmp_path / "fi-aot", arch="75")
+    r = bench(tmp_path, "empty", "--gpus", "0", "--plain-flashinfer-prebuilt", str(tmp_path / "fi-aot"))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "--plain-flashinfer-prebuilt needs the modules of one GPU arch, found 2 cached_ops folders" in r.stderr

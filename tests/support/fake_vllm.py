@@ -638,7 +638,8 @@ def main(argv: list[str]) -> None:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])  # behaviour: a child that lives on
         event("child", child_pid=child.pid)
     event("started", argv=argv, port=O["port"], pgid=os.getpgid(0),
-          multiproc_method=os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"))   # how real vLLM starts its engine core
+          multiproc_method=os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"),   # how real vLLM starts its engine core
+          pythonpath=os.environ.get("PYTHONPATH"))                           # what its imports would find first
     time.sleep(float(O["startup-seconds"]))  # behaviour: a slow start
     startup_stage("loading", [("gpu_model_runner.py:4858", f"Starting to load model {O['model']}...")],
                   [("default_loader.py:398", "Loading weights took 0.01 seconds"),
