@@ -436,6 +436,8 @@ class Bench:
             start["cache_settings"] = self.a.plain_caches
             if self.jit_cache:
                 start["flashinfer_prebuilt"] = True
+        elif {**os.environ, **self.tb_extra_env}.get("TURINGBOX_AOT_FLASHINFER_DIR"):
+            start["flashinfer_prebuilt"] = True           # the image's modules, copied into a new entry
         return start
 
     def start_plain(self, plan: dict, gpu: str, home: str, phase: str) -> tuple[Run, dict]:

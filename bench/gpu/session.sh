@@ -94,6 +94,12 @@ pyspy_dumps() {
 build_modelinfos_once() {
   [ -d /tmp/tb-modelinfos/modelinfos ] || python3 -m turingbox_warmup.image.modelinfos --out /tmp/tb-modelinfos \
     > $R/modelinfos.txt 2>&1; }
+# What the image gives every new cache entry (Dockerfile ENV), for the phases that start turingbox cold outside the
+# startup bench: vLLM's model infos, and FlashInfer's sampling module when bench/gpu/stage-extras.sh staged it. One
+# KEY=VALUE per line (`env $(image_env) ...`, or `--env` each for side_by_side.py).
+image_env() {
+  build_modelinfos_once; echo "TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos"
+  [ ! -d /tmp/dw/fi-aot/.cache/flashinfer ] || echo "TURINGBOX_AOT_FLASHINFER_DIR=/tmp/dw/fi-aot"; }
 for phase in "$@"; do
   echo "=== $phase start $(date +%T)"
   t0=$(date +%s)
@@ -227,7 +233,8 @@ for phase in "$@"; do
               # SEED_AFTER=bisect: start only once the other lane's server has sized its KV cache
               [ -z "${SEED_AFTER:-}" ] || bash bench/gpu/soak_gate.sh $SEED_AFTER serving 600 >> $R/soak-gates.txt 2>&1
               rm -rf /tmp/tbsoak
-              env CUDA_VISIBLE_DEVICES=$one ${SOAK_UTIL:+TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} timeout 900 \
+              seed_env=$(image_env); echo "image env: $seed_env" > $R/soakseed-image-env.txt
+              env CUDA_VISIBLE_DEVICES=$one $seed_env ${SOAK_UTIL:+TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} timeout 900 \
                 python3 -m turingbox warmup --seed-only --model /tmp/demo --cache-dir /tmp/tbsoak > $R/warmup-soakseed.log 2>&1
               echo "warmup --seed-only exit $?" >> $R/warmup-soakseed.log
               python3 -m turingbox cache show --cache-dir /tmp/tbsoak >> $R/warmup-soakseed.log 2>&1 ;;
@@ -246,12 +253,14 @@ for phase in "$@"; do
               # SOAK_CACHES=empty: no soakseed before it; turingbox serves from empty caches (a cold start, its strict
               # warmup compiling everything): the soak when the session's device time cannot also hold the seed
               rm -rf /tmp/tbsoak-seeded /tmp/tbsoak-plain
+              soak_env=()
               if [ "${SOAK_CACHES:-seeded}" = empty ]; then echo "soak64: empty caches (no soakseed)" | tee $R/soak64-caches.txt
+                for kv in $(image_env); do soak_env+=(--env "$kv"); done; echo "image env: ${soak_env[*]}" >> $R/soak64-caches.txt
               else cp -a /tmp/tbsoak /tmp/tbsoak-seeded; echo "soak64: a copy of soakseed's entry" > $R/soak64-caches.txt; fi
               entry_as_plain_cache /tmp/tbsoak /tmp/tbsoak-plain
               timeout $soak_limit python3 bench/gpu/side_by_side.py --model /tmp/demo --phase soak64 --gpus $one,$one \
                 --cache /tmp/tbsoak-seeded --plain-cache /tmp/tbsoak-plain --out $R --no-decode --ready-limit 900 \
-                ${SOAK_UTIL:+--env TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} "${soak_after[@]}" \
+                ${SOAK_UTIL:+--env TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} "${soak_env[@]}" "${soak_after[@]}" \
                 --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
                 ${IMPORT_PROFILE:+--env PYTHONPROFILEIMPORTTIME=1 --plain-env PYTHONPROFILEIMPORTTIME=1} \
                 --tb-after="touch /tmp/session/soak64.serving; ${soak_hostile}python3 -m turingbox bench decode --url http://127.0.0.1:\$PROXY_PORT --repeats 3 --max-tokens 256 --json --output \$OUT/bench-decode-soak64.json > \$OUT/bench-decode-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-before.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-before.txt; (for i in 1 2 3 4 5; do sleep 110; curl -s -m 20 http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-mid\$i.txt; done) > /dev/null 2>&1 & python3 bench/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; $(gpu_memory soak64); curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-after.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-after.txt; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)"

@@ -284,13 +284,19 @@ def test_plain_vllm_gets_flashinfers_prebuilt_modules_the_way_flashinfer_jit_cac
     module = baked_flashinfer_layout(tmp_path / "fi-aot")
     events = tmp_path / "events.jsonl"
     r = bench(tmp_path, "empty", "--gpus", "0", "--plain-flashinfer-prebuilt", str(tmp_path / "fi-aot"),
-              "--env", f"FAKE_VLLM_EVENTS={events}")
+              "--env", f"FAKE_VLLM_EVENTS={events}", "--tb-env", f"TURINGBOX_AOT_FLASHINFER_DIR={tmp_path / 'fi-aot'}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     results = json.load(open(tmp_path / "out" / "startup.json"))
     prebuilt = results["phases"]["empty"]["variant"]["plain_flashinfer_prebuilt"]
     assert prebuilt["modules"] == ["sampling"] and prebuilt["cache_dir"] == str(module.parent)
     starts = {row["server"]: row["start"] for row in results["starts"]}
-    assert starts["plain"]["flashinfer_prebuilt"] is True and "flashinfer_prebuilt" not in starts["turingbox"]
+    # both servers start with the module, each the way it gets it in production (turingbox: the image's setting,
+    # which copies it into the new entry's FlashInfer workspace)
+    assert starts["plain"]["flashinfer_prebuilt"] is True and starts["turingbox"]["flashinfer_prebuilt"] is True
+    key = results["plan"]["cache_key"]
+    entry_ops = tmp_path / "work" / "tb-empty-root" / "entries" / key / "flashinfer" / module.relative_to(
+        tmp_path / "fi-aot")
+    assert (entry_ops / "sampling.so").read_bytes() == (module / "sampling.so").read_bytes()
     cold = results["fair_ab"]["cold"]
     assert cold["plain"] == "empty (flashinfer prebuilt: True)"
     assert cold["turingbox"]["empty"]["ratio"] == round(
