@@ -100,13 +100,24 @@ def write_jit_cache_standin(aot_base: str, dest: str) -> dict:
         raise SystemExit(f"bench: --plain-flashinfer-prebuilt needs the modules of one GPU arch, found {len(dirs)} "
                          f"cached_ops folders under {aot_base}.")
     versions = sorted({m.get("flashinfer_version", "") for m in modules})
+    # FlashInfer checks only that the package's version starts with its own: a module built from another release's
+    # sources (0.6.8.post1 against 0.6.8) would load. The FlashInfer plain vLLM imports must be the modules' own.
+    import importlib.metadata
+    try:
+        installed = importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    if installed is not None and versions != [installed]:
+        raise SystemExit(f"bench: --plain-flashinfer-prebuilt's modules are FlashInfer {', '.join(versions)}, but "
+                         f"plain vLLM imports FlashInfer {installed}.")
     pkg = os.path.join(dest, "flashinfer_jit_cache")
     os.makedirs(pkg, exist_ok=True)
     with open(os.path.join(pkg, "__init__.py"), "w") as f:
         f.write(JIT_CACHE_STANDIN.format(n=len(modules), arch=modules[0].get("workspace_arch"),
                                          version=f"{versions[0]}+turingbox-standin", cache_dir=dirs[0]))
     return {"package": "flashinfer_jit_cache (stand-in)", "cache_dir": dirs[0],
-            "modules": [m["uri"] for m in modules], "flashinfer_version": versions[0]}
+            "modules": [m["uri"] for m in modules], "flashinfer_version": versions[0],
+            "installed_flashinfer_checked": installed is not None}
 
 
 def log(msg: str) -> None:
@@ -687,19 +698,31 @@ def fair_ab(phases: dict) -> dict:
                                         "plain_ready_s": best["ready_s"], "turingbox_ready_s": tb_restart["ready_s"],
                                         "ratio": round(ratio, 3), "le_0.8x": ratio <= 0.8,
                                         "plain_restarts_s": sorted(r["ready_s"] for r in restarts)}
-    # Cold (issue 35 item 4): each turingbox start on empty caches vs plain vLLM's fastest empty start on record, e.g.
-    # the one given FlashInfer's prebuilt modules (--plain-flashinfer-prebuilt), which says so in its start.
-    plain_cold = [r for r in rows if r["server"] == "plain" and r["record"].split("+")[0] == "empty" and r.get("ready_s")]
-    tb_cold = [r for r in rows if r["server"] == "turingbox" and r["record"].split("+")[0] == "empty"
-               and r.get("ready_s")]
-    if plain_cold and tb_cold:
-        best = min(plain_cold, key=lambda r: r["ready_s"])
-        out["cold"] = {
-            "plain": f"{best['record']} (flashinfer prebuilt: {bool(best['start'].get('flashinfer_prebuilt'))})",
-            "plain_ready_s": best["ready_s"],
-            "plain_empty_starts": {r["record"]: r["ready_s"] for r in plain_cold},
-            "turingbox": {r["record"]: {"ready_s": r["ready_s"], "ratio": round(r["ready_s"] / best["ready_s"], 3),
-                                        "le_0.8x": r["ready_s"] <= 0.8 * best["ready_s"]} for r in tb_cold}}
+    # Cold (issue 35 item 4): each turingbox start on empty caches vs plain vLLM's fastest empty start on record of the
+    # same variant (vLLM flags and environment for both), e.g. the one given FlashInfer's prebuilt modules
+    # (--plain-flashinfer-prebuilt): each start says whether it had them, and how many FlashInfer builds its log shows.
+    def common(record: str) -> tuple:
+        v = (phases.get(record) or {}).get("variant") or {}
+        return json.dumps([v.get("vllm_args") or [], v.get("env") or {}], sort_keys=True)
+
+    def cold_start(r: dict) -> dict:
+        return {"ready_s": r["ready_s"], "flashinfer_prebuilt": bool((r.get("start") or {}).get("flashinfer_prebuilt")),
+                "flashinfer_builds": (((phases.get(r["record"]) or {}).get(r["server"]) or {}).get("log_signals")
+                                      or {}).get("flashinfer_builds")}
+
+    empties = [r for r in rows if r["record"].split("+")[0] == "empty" and r.get("ready_s")]
+    cold: dict = {}
+    for tb in (r for r in empties if r["server"] == "turingbox"):
+        plains = [r for r in empties if r["server"] == "plain" and common(r["record"]) == common(tb["record"])]
+        if not plains:
+            continue
+        best = min(plains, key=lambda r: r["ready_s"])
+        ratio = tb["ready_s"] / best["ready_s"]
+        cold[tb["record"]] = {"turingbox": cold_start(tb), "plain": best["record"], "plain_start": cold_start(best),
+                              "plain_empty_starts": {r["record"]: cold_start(r) for r in plains},
+                              "ratio": round(ratio, 3), "le_0.8x": ratio <= 0.8}
+    if cold:
+        out["cold"] = cold
     for name, r in (("fresh_node_turingbox", tb_fresh), ("restart_turingbox", tb_restart)):
         if r:
             out[f"{name}_le_40s"] = r["ready_s"] <= 40.0

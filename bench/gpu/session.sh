@@ -316,13 +316,15 @@ for phase in "$@"; do
               [ -z "${BENCH_MODEL:-}" ] || [ -d "$BENCH_MODEL" ] || python3 -m turingbox demo-model "$BENCH_MODEL" \
                 --layers "${BENCH_LAYERS:-4}" > $R/demo-model.txt 2>&1
               default_steps="empty|--only plain;seed|;seeded|"
+              fi_aot=/tmp/dw/fi-aot
               if [ "$phase" = coldab ]; then   # ~190 + ~290 + ~380 s on an H100 (estimates from sessions 17, 27, 28)
-                fi=/tmp/dw/fi-aot
-                default_steps="empty|--only turingbox --label imageaot --tb-env TURINGBOX_AOT_FLASHINFER_DIR=$fi;empty|--only plain --label jitcache --plain-flashinfer-prebuilt $fi;empty|--only plain"
+                default_steps="empty|--only turingbox --label imageaot --tb-env TURINGBOX_AOT_FLASHINFER_DIR=$fi_aot;empty|--only plain --label jitcache --plain-flashinfer-prebuilt $fi_aot;empty|--only plain"
+                # the first start must not be the only one to read the installed packages from disk
+                find /tmp/site -type f -print0 | xargs -0 cat > /dev/null 2>&1
               fi
               IFS=';' read -ra steps <<< "${STARTUP_STEPS:-$default_steps}"
-              if [ "$phase" = coldab ] && [ ! -d $fi/.cache/flashinfer ]; then
-                echo "coldab: $fi is not staged (bench/gpu/stage-extras.sh); without it every cold start pays" \
+              if [ "$phase" = coldab ] && [ ! -d $fi_aot/.cache/flashinfer ]; then
+                echo "coldab: $fi_aot is not staged (bench/gpu/stage-extras.sh); without it every cold start pays" \
                   "FlashInfer's nvcc: not run" >> $R/startup.txt; steps=()
               fi
               mkdir -p $R/startup; rm -f /tmp/session/dumps.stop

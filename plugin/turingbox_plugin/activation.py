@@ -25,12 +25,14 @@ class PluginSettings(PluginConfig):
     active: bool = False
     runtime_dir: str | None = None        # contract.ENGINE_ENV (additional_config would split vLLM's cache key)
     benchmark_mode: bool = False          # contract.ENGINE_ENV
+    autotune_compile_threads: int | None = None   # contract.ENGINE_ENV: a CPU count, no kernel (autotune.compile_threads)
     source: str = "inactive"              # "additional_config" | "inactive"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "active": self.active, "runtime_dir": self.runtime_dir,
-                "benchmark_mode": self.benchmark_mode, "source": self.source}
+                "benchmark_mode": self.benchmark_mode, "autotune_compile_threads": self.autotune_compile_threads,
+                "source": self.source}
 
 
 def resolve_settings(additional_config: Any = None, env: Mapping[str, str] | None = None) -> PluginSettings:
@@ -48,6 +50,7 @@ def resolve_settings(additional_config: Any = None, env: Mapping[str, str] | Non
         else engine["benchmark_mode"]
     return PluginSettings(**{k: getattr(config, k) for k in config.__dataclass_fields__}, active=True,
                           runtime_dir=runtime_dir, benchmark_mode=benchmark_mode,
+                          autotune_compile_threads=engine["autotune_compile_threads"],
                           source="additional_config", extra=unknown)
 
 

@@ -22,6 +22,7 @@ The decisions are pure functions; `install()` patches `triton.runtime.autotuner.
 """
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Sequence
@@ -59,6 +60,21 @@ def stages_matter(capability: tuple[int, int]) -> bool:
 
 
 MAX_COMPILE_THREADS = 16
+_pending = threading.local()     # (tuner, configs) whose first benchmark in this thread compiles them at once
+
+
+def usable_cpus(cgroup_cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """CPUs this process may use: its affinity, capped by a cgroup v2 CPU quota (a container's --cpus), which
+    the affinity does not show."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        with open(cgroup_cpu_max, encoding="ascii") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max" and int(period) > 0:
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))     # ceil: 1.5 CPUs -> 2 threads
+    except (OSError, ValueError):
+        pass
+    return cpus
 
 
 def compile_threads(configured: int | None, cpus: int, gpu_workers: int) -> int:
@@ -78,22 +94,29 @@ def precompile(tuner: Any, configs: Sequence[Any], args: Sequence[Any], meta: di
     n = min(threads, len(configs))
     if n < 2 or active_mode.get() is not None:   # inside another pool's compiles (the strict warmup's sweep)
         return 0
+    # A pre-hook runs before each launch and may change what the kernel specialises on (a TMA descriptor's block
+    # shape): compiled without it, the kernels would not be the benchmark's. Triton's disk cache skips such
+    # tunings too (Autotuner.check_disk_cache); none of vLLM 0.21's kernels has one.
+    if getattr(tuner, "user_defined_pre_hook", False) or any(getattr(c, "pre_hook", None) for c in configs):
+        return 0
     submitted = 0
-    with ThreadPoolExecutor(n, thread_name_prefix="turingbox-autotune-compile") as pool:
-        try:
-            with AsyncCompileMode(pool, ignore_errors=True):
-                for config in configs:
-                    kwargs = dict(meta, **config.all_kwargs())
-                    kwargs["warmup"] = True
-                    try:
-                        tuner.fn.run(*args, **kwargs)
-                    except Exception:  # noqa: BLE001 - the benchmark launches it again and reports it as Triton does
-                        continue
-                    submitted += 1
-        finally:
-            # Triton's __exit__ resets the mode only when every finalize returned: never leave the benchmark's
-            # launches pointed at this (then shut down) pool (as specializations._compile_pool)
-            active_mode.set(None)
+    pool = ThreadPoolExecutor(n, thread_name_prefix="turingbox-autotune-compile")
+    try:
+        with AsyncCompileMode(pool, ignore_errors=True):
+            for config in configs:
+                kwargs = dict(meta, **config.all_kwargs())
+                kwargs["warmup"] = True
+                try:
+                    tuner.fn.run(*args, **kwargs)
+                except Exception:  # noqa: BLE001 - the benchmark launches it again and reports it as Triton does
+                    continue
+                submitted += 1
+    finally:
+        # Triton's __exit__ resets the mode only when every finalize returned: never leave the benchmark's
+        # launches pointed at this (then shut down) pool (as specializations._compile_pool)
+        active_mode.set(None)
+        # normally every compile is finished here (__exit__ waited); on an error or a signal, drop the queued ones
+        pool.shutdown(wait=True, cancel_futures=True)
     return submitted
 
 
@@ -131,15 +154,17 @@ def install(prune_num_stages: bool, stable_cache_dir: str | None,
             self.cache_results = bool(self.cache_results or knobs.autotuning.cache) and not knobs.runtime.interpret
             if prune_num_stages and not stages_matter(current_capability()):
                 configs = dedupe_num_stages(configs)
-            # Triton prunes only for a key it has not tuned; its benchmark (if the disk cache misses) follows
-            self._turingbox_to_compile = list(configs) if threads > 1 and len(configs) > 1 else None
+            # Triton prunes only for a key it has not tuned; its benchmark (if the disk cache misses) follows, in
+            # this thread (per thread: two threads tuning one kernel must not take each other's configs)
+            _pending.item = (self, list(configs)) if threads > 1 and len(configs) > 1 else None
             return configs
 
         def _bench(self, *args, config, **meta):
-            pending = self.__dict__.pop("_turingbox_to_compile", None)
-            if pending:
+            item = getattr(_pending, "item", None)
+            if item is not None and item[0] is self:
+                _pending.item = None
                 try:
-                    precompile(self, pending, args, meta, threads)
+                    precompile(self, item[1], args, meta, threads)
                 except Exception:  # noqa: BLE001 - an optimisation only: the serial benchmark below still compiles
                     pass
             return original_bench(self, *args, config=config, **meta)

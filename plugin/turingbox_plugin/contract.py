@@ -3,10 +3,11 @@ what it declares; the plugin reads only what it declares.
 
 - `PluginConfig`: the keys of vLLM's `--additional-config '{"turingbox": {...}}'`, typed, with the plugin's
   defaults (what a plain `vllm serve --additional-config '{"turingbox": {}}'` gets).
-- `ENGINE_ENV`: the two values that travel in the engine's environment instead, because vLLM hashes
-  additional_config into its compile-cache key and these change per start (runtime_dir) or per run
-  (benchmark_mode); `read_engine_env` is the plugin's one reader of them.
-- The plugin's variables all carry its own prefix, `PREFIX` (TBPLUGIN_): the engine's two, `GDN_LIB_ENV` and the
+- `ENGINE_ENV`: the values that travel in the engine's environment instead, because vLLM hashes
+  additional_config into its compile-cache key and these change per start (runtime_dir), per run
+  (benchmark_mode) or per machine without changing a kernel (autotune_compile_threads); `read_engine_env` is the
+  plugin's one reader of them.
+- The plugin's variables all carry its own prefix, `PREFIX` (TBPLUGIN_): the engine's, `GDN_LIB_ENV` and the
   client tools' `BENCH_URL_ENV` / `API_KEY_ENV`. No name the plugin reads is a TURINGBOX_* setting of the
   appliance, so the appliance's settings may stay in vLLM's environment unread; the appliance resolves its own
   (TURINGBOX_RUNTIME_DIR, TURINGBOX_BENCHMARK_MODE) and its engine launcher writes the results under these names.
@@ -26,6 +27,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from turingbox_plugin.model_config import DEMO_MARKER, ModelConfig, load_model_config, model_config_from_dict
 
 __all__ = ["CONFIG_KEY", "GDN_MODES", "PluginConfig", "PREFIX", "ENGINE_ENV", "RUNTIME_DIR_ENV", "BENCHMARK_MODE_ENV",
+           "AUTOTUNE_THREADS_ENV",
            "GDN_LIB_ENV", "BENCH_URL_ENV", "API_KEY_ENV", "read_engine_env", "client_defaults", "turingbox_section", "STATUS_STAGES", "STATUS_KEYS", "status_path", "status_rank",
            "ModelConfig", "load_model_config", "model_config_from_dict", "DEMO_MARKER"]
 
@@ -37,7 +39,9 @@ PREFIX = "TBPLUGIN_"
 # The engine's environment: variable -> the PluginSettings field it fills (see the module's docstring).
 RUNTIME_DIR_ENV = PREFIX + "RUNTIME_DIR"
 BENCHMARK_MODE_ENV = PREFIX + "BENCHMARK_MODE"
-ENGINE_ENV = {RUNTIME_DIR_ENV: "runtime_dir", BENCHMARK_MODE_ENV: "benchmark_mode"}
+AUTOTUNE_THREADS_ENV = PREFIX + "AUTOTUNE_COMPILE_THREADS"   # unset: the worker's CPUs per GPU worker (autotune)
+ENGINE_ENV = {RUNTIME_DIR_ENV: "runtime_dir", BENCHMARK_MODE_ENV: "benchmark_mode",
+              AUTOTUNE_THREADS_ENV: "autotune_compile_threads"}
 # Where the plugin's sm_75 GDN library lies when not in the package's lib/ folder (no appliance setting).
 GDN_LIB_ENV = PREFIX + "GDN_LIB"
 
@@ -71,8 +75,6 @@ class PluginConfig:
     max_num_seqs: int | None = None
     cudagraph_capture_sizes: tuple[int, ...] = ()
     prune_autotune: bool = True           # sm_75: drop autotune configs differing only in num_stages
-    autotune_compile_threads: int | None = None   # a tuning's configs compiled at once; None: the worker's CPUs
-                                                  # shared among the host's GPU workers (autotune.compile_threads)
 
     def gdn_path(self, capability: tuple[int, int] | None) -> str:
         """The GDN path for a GPU of this compute capability: "auto" picks turbo on sm_75 only."""
@@ -112,8 +114,7 @@ class PluginConfig:
 
         config = cls(strict_warmup=flag("strict_warmup"), require_plugin=flag("require_plugin"), gdn=gdn,
                      num_speculative_tokens=opt_int("num_speculative_tokens"), max_num_seqs=opt_int("max_num_seqs"),
-                     cudagraph_capture_sizes=tuple(sorted(set(sizes))), prune_autotune=flag("prune_autotune"),
-                     autotune_compile_threads=opt_int("autotune_compile_threads"))
+                     cudagraph_capture_sizes=tuple(sorted(set(sizes))), prune_autotune=flag("prune_autotune"))
         known = {f.name for f in fields(cls)}
         return config, {k: v for k, v in cfg.items() if k not in known}
 
@@ -148,11 +149,16 @@ def turingbox_section(additional_config: Any) -> dict[str, Any] | None:
 
 
 def read_engine_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """{"runtime_dir": str | None, "benchmark_mode": bool} from the engine's environment (ENGINE_ENV)."""
+    """{"runtime_dir": str | None, "benchmark_mode": bool, "autotune_compile_threads": int | None} from the engine's
+    environment (ENGINE_ENV); ValueError with one sentence for a malformed value."""
     # environ: the ENGINE_ENV channel the appliance's engine launcher sets (the contract's one reader)
     env = os.environ if env is None else env
+    threads = (env.get(AUTOTUNE_THREADS_ENV) or "").strip()
+    if threads and not (threads.isdigit() and int(threads) > 0):
+        raise ValueError(f"{AUTOTUNE_THREADS_ENV} = {threads!r} is not a whole number > 0")
     return {"runtime_dir": env.get(RUNTIME_DIR_ENV) or None,
-            "benchmark_mode": _truthy(env.get(BENCHMARK_MODE_ENV, ""), BENCHMARK_MODE_ENV)}
+            "benchmark_mode": _truthy(env.get(BENCHMARK_MODE_ENV, ""), BENCHMARK_MODE_ENV),
+            "autotune_compile_threads": int(threads) if threads else None}
 
 
 # The client tools' defaults (bench decode/prefill, jit-report against a running server).

@@ -97,12 +97,12 @@ class TuringboxWorker(Worker):
         # vLLM 0.21 faults a client can trigger (wrong allowed_token_ids masks, an engine-killing gather):
         # patched before the model runner builds its InputBatch; each says applied or why not
         self.tb_active_paths["vllm_fixes"] = apply_all()
-        threads = autotune.compile_threads(s.autotune_compile_threads, len(os.sched_getaffinity(0)),
+        threads = autotune.compile_threads(s.autotune_compile_threads, autotune.usable_cpus(),
                                            _gpu_workers_on_host(self.vllm_config))
         self.tb_active_paths["autotune_patch"] = autotune.install(
             # TRITON_CACHE_DIR: set by the launcher for vLLM and Triton, read here as Triton reads it
             prune_num_stages=s.prune_autotune, stable_cache_dir=contract.variable("TRITON_CACHE_DIR"), threads=threads)
-        self.tb_active_paths["autotune_compile_threads"] = threads
+        self.tb_active_paths["autotune_compile_threads"] = threads if self.tb_active_paths["autotune_patch"] else 0
         self._require(self.tb_active_paths["jit_accounting"], "Triton's post-compile hook could not be installed")
         self.tb_status.update(stage="loading", active=self.tb_active_paths)
 

@@ -18,9 +18,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 ENGINE = os.path.join(REPO, "tests", "support", "engine_filling_caches.py")
 
 
-def bench(tmp_path, phase, *extra):
+def bench(tmp_path, phase, *extra, pythonpath=None):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TURINGBOX_", "FAKE_VLLM_")) and k != "VLLM_WORKER_MULTIPROC_METHOD"}
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
     env.update(FAKE_VLLM_STAGE_SECONDS="0.1", TURINGBOX_ACTIVE_WARMUP="0")
     return subprocess.run([sys.executable, os.path.join(REPO, "bench", "startup.py"), "--phase", phase,
                            "--model", str(tmp_path / "model"), "--gpus", "0,1", "--work", str(tmp_path / "work"),
@@ -297,10 +299,16 @@ def test_plain_vllm_gets_flashinfers_prebuilt_modules_the_way_flashinfer_jit_cac
     entry_ops = tmp_path / "work" / "tb-empty-root" / "entries" / key / "flashinfer" / module.relative_to(
         tmp_path / "fi-aot")
     assert (entry_ops / "sampling.so").read_bytes() == (module / "sampling.so").read_bytes()
-    cold = results["fair_ab"]["cold"]
-    assert cold["plain"] == "empty (flashinfer prebuilt: True)"
-    assert cold["turingbox"]["empty"]["ratio"] == round(
+    cold = results["fair_ab"]["cold"]["empty"]
+    assert cold["plain"] == "empty" and cold["plain_start"]["flashinfer_prebuilt"] is True
+    assert cold["turingbox"]["flashinfer_prebuilt"] is True
+    assert cold["ratio"] == round(
         results["phases"]["empty"]["turingbox"]["ready_s"] / results["phases"]["empty"]["plain"]["ready_s"], 3)
+    # a plain start of another variant (other vLLM flags) is no baseline for it
+    r = bench(tmp_path, "empty", "--gpus", "0", "--only", "plain", "--label", "lmo", "--vllm-args=--language-model-only")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cold = json.load(open(tmp_path / "out" / "startup.json"))["fair_ab"]["cold"]
+    assert set(cold) == {"empty"} and set(cold["empty"]["plain_empty_starts"]) == {"empty"}
     started = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "started"]
     paths = {("turingbox" if "--worker-cls" in e["argv"] else "plain"): e.get("pythonpath") or "" for e in started}
     standin = str(tmp_path / "work" / "flashinfer-jit-cache")
@@ -317,6 +325,23 @@ def test_plain_vllm_gets_flashinfers_prebuilt_modules_the_way_flashinfer_jit_cac
                               "PYTHONPATH": os.pathsep.join((paths["plain"], os.path.dirname(src)))})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == [str(module.parent), str(module / "sampling.so")]
+
+
+def test_plain_flashinfer_prebuilt_of_another_flashinfer_is_one_sentence(tmp_path):
+    """FlashInfer accepts a jit-cache whose version merely starts with its own: the bench refuses modules built by
+    another FlashInfer than the one plain vLLM imports (the bench's own interpreter, as on the GPU machine)."""
+    from turingbox_warmup.image.flashinfer_aot import default_flashinfer_src
+    src = default_flashinfer_src()
+    if not src:
+        pytest.skip("FlashInfer's package is not unpacked (make test-setup)")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
+    baked_flashinfer_layout(tmp_path / "fi-aot", version="0.6.8")
+    r = bench(tmp_path, "empty", "--gpus", "0", "--plain-flashinfer-prebuilt", str(tmp_path / "fi-aot"),
+              pythonpath=os.path.dirname(src))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert ("--plain-flashinfer-prebuilt's modules are FlashInfer 0.6.8, but plain vLLM imports FlashInfer "
+            "0.6.8.post1.") in r.stderr
 
 
 def test_plain_flashinfer_prebuilt_of_two_archs_is_one_sentence(tmp_path):

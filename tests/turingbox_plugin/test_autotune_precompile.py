@@ -50,7 +50,8 @@ def fake_bench(self, *args, config, **meta):
     return [abs(config.kwargs["BLOCK"] - 128) + config.num_warps]   # best: BLOCK 128, 2 warps
 autotuner.Autotuner._bench = fake_bench
 
-configs = [triton.Config({"BLOCK": b}, num_warps=w) for b in (64, 128, 256) for w in (2, 4)]
+hook = (lambda nargs: None) if sys.argv[2] == "prehook" else None     # a config's pre_hook (TMA-style kernels)
+configs = [triton.Config({"BLOCK": b}, num_warps=w, pre_hook=hook) for b in (64, 128, 256) for w in (2, 4)]
 @triton.autotune(configs=configs, key=["n"])
 @triton.jit
 def scale(x, y, n, BLOCK: tl.constexpr):
@@ -68,13 +69,13 @@ print(json.dumps({"best": [scale.best_config.kwargs["BLOCK"], scale.best_config.
 """
 
 
-def _tune(tmp_path, threads: int) -> dict:
-    script = tmp_path / f"probe_{threads}.py"   # @triton.jit needs a real source file
+def _tune(tmp_path, threads: int, variant: str = "plain") -> dict:
+    script = tmp_path / f"probe_{threads}_{variant}.py"   # @triton.jit needs a real source file
     script.write_text(PROBE)
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / f"cache{threads}")}
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / f"cache{threads}{variant}")}
     env.pop("TRITON_CACHE_AUTOTUNING", None)
-    out = subprocess.run([sys.executable, str(script), str(threads)], capture_output=True, text=True, timeout=300,
-                         env=env)
+    out = subprocess.run([sys.executable, str(script), str(threads), variant], capture_output=True, text=True,
+                         timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -89,13 +90,34 @@ def test_configs_compile_on_threads_before_the_benchmark_and_the_choice_is_the_s
     assert parallel["threads"] and all(t.startswith("turingbox-autotune-compile") for t in parallel["threads"])
 
 
+def test_a_tuning_with_pre_hooks_is_left_to_the_serial_benchmark(tmp_path):
+    # a pre-hook may change what the kernel specialises on (Triton's disk cache skips such tunings too): compiled
+    # without it, the pool's kernels would not be the benchmark's, so every config compiles in the loop as shipped
+    assert _tune(tmp_path, 4, "prehook") == {"best": [128, 2], "compiles": 6, "in_bench": 6, "threads": ["MainThread"]}
+
+
+@pytest.mark.parametrize("cpu_max,expected", [
+    ("max 100000\n", None),                # no quota: the affinity
+    ("150000 100000\n", 2),                # --cpus=1.5: two threads
+    ("100000 100000\n", 1),
+    ("garbage", None),                     # unreadable: the affinity
+])
+def test_usable_cpus_honours_a_containers_cpu_quota(tmp_path, cpu_max, expected):
+    from turingbox_plugin.autotune import usable_cpus
+    f = tmp_path / "cpu.max"
+    f.write_text(cpu_max)
+    affinity = len(os.sched_getaffinity(0))
+    assert usable_cpus(str(f)) == (affinity if expected is None else min(affinity, expected))
+    assert usable_cpus(str(tmp_path / "absent")) == affinity
+
+
 @pytest.mark.parametrize("configured,cpus,workers,expected", [
     (None, 16, 1, 16),                     # one H100/H200 worker: every CPU, at the cap
     (None, 64, 1, MAX_COMPILE_THREADS),    # capped
     (None, 16, 4, 4),                      # 4 x 2080 Ti in TP: the CPUs shared among the four workers
     (None, 2, 4, 1),                       # fewer CPUs than workers: serial
     (None, 1, 1, 1),
-    (1, 16, 1, 1),                         # additional_config turingbox.autotune_compile_threads = 1: serial
+    (1, 16, 1, 1),                         # TURINGBOX_AUTOTUNE_COMPILE_THREADS=1 (TBPLUGIN_...): serial
     (8, 2, 4, 8),                          # a configured number is taken as given
     (0, 16, 1, 1),
 ])

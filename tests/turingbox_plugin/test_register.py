@@ -117,7 +117,7 @@ def test_settings_come_from_the_contract_only():
     env = {"TURINGBOX_STRICT_WARMUP": "1", "TURINGBOX_GDN": "fast", "TBPLUGIN_RUNTIME_DIR": "/x",
            "TBPLUGIN_BENCHMARK_MODE": "1"}
     s2 = resolve_settings({"turingbox": {"gdn": "vllm"}}, env)
-    # the section's keys, the contract's defaults for the rest; the two ENGINE_ENV variables from the env
+    # the section's keys, the contract's defaults for the rest; the ENGINE_ENV variables from the env
     assert (s2.strict_warmup, s2.gdn, s2.prune_autotune, s2.runtime_dir, s2.benchmark_mode) == (
         False, "vllm", True, "/x", True)
     # the appliance's settings of the same meaning are not the plugin's variables: they change nothing here
@@ -130,6 +130,14 @@ def test_settings_come_from_the_contract_only():
         resolve_settings({"turingbox": {"gdn": "fast"}}, {})
     with pytest.raises(ValueError, match="TBPLUGIN_BENCHMARK_MODE = 'maybe' is not a boolean"):
         resolve_settings({"turingbox": {}}, {"TBPLUGIN_BENCHMARK_MODE": "maybe"})
+    # the autotune compile threads: a CPU count, in the engine's environment (no kernel changes with it, and vLLM
+    # hashes additional_config into its compile-cache key); unset or empty: the plugin's own default
+    assert resolve_settings({"turingbox": {}}, {"TBPLUGIN_AUTOTUNE_COMPILE_THREADS": "3"}).autotune_compile_threads == 3
+    assert resolve_settings({"turingbox": {}}, {"TBPLUGIN_AUTOTUNE_COMPILE_THREADS": ""}).autotune_compile_threads is None
+    assert resolve_settings({"turingbox": {}}, {}).autotune_compile_threads is None
+    for bad in ("0", "-2", "four", "1.5"):
+        with pytest.raises(ValueError, match=f"TBPLUGIN_AUTOTUNE_COMPILE_THREADS = '{bad}' is not a whole number > 0"):
+            resolve_settings({"turingbox": {}}, {"TBPLUGIN_AUTOTUNE_COMPILE_THREADS": bad})
     for bad in ({"turingbox": {"gdn": "warp"}}, {"turingbox": {"strict_warmup": "maybe"}},
                 {"turingbox": {"cudagraph_capture_sizes": [0]}}, {"turingbox": {"max_num_seqs": -1}},
                 {"turingbox": {"cudagraph_capture_sizes": [True]}}, {"turingbox": []}):

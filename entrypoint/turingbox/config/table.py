@@ -295,6 +295,9 @@ _PLAN = (   # turingbox plan / serve / warmup: what the planner reads (planner.D
             default=False),
     Setting("runtime_dir", "directory where workers write their status files", path,
             default_factory=lambda: os.path.join(tempfile.gettempdir(), "turingbox-runtime")),
+    Setting("autotune_compile_threads", "threads per worker that compile a Triton autotuning's configs at once "
+            "before timing them (default: the CPUs per GPU worker, at most 16; 1: one by one, as Triton does)",
+            positive_int),
 )
 
 _DEMO = (   # the built-in demo model (turingbox plan/serve without --model, turingbox model demo)
@@ -482,7 +485,6 @@ PLUGIN_CONFIG: dict[str, tuple[str, ...]] = {
     "max_num_seqs": ("max_num_seqs",),                 # unset: what fits
     "cudagraph_capture_sizes": ("max_num_seqs", "enforce_eager"),   # the planner's sizes up to max_num_seqs
     "prune_autotune": (),                              # the contract's default (on)
-    "autotune_compile_threads": (),                    # the contract's default (the worker's CPUs per GPU worker)
 }
 PLUGIN_ENV: dict[str, str] = dict(plugin_contract.ENGINE_ENV)
 assert all(name in REGISTRY and not var.startswith("TURINGBOX_") for var, name in PLUGIN_ENV.items()), \

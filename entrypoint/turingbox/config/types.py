@@ -58,6 +58,7 @@ class PlanSettings(_Group):
     require_plugin: bool = _default("require_plugin")
     benchmark_mode: bool = _default("benchmark_mode")
     runtime_dir: str = _default("runtime_dir")
+    autotune_compile_threads: int | None = _default("autotune_compile_threads")
 
 
 @dataclass(frozen=True)

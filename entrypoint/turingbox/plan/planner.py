@@ -20,7 +20,7 @@ from turingbox.plan import arch as archmod
 from turingbox.plan import memory as mem
 from turingbox.plan.types import Plan, PluginConfig
 from turingbox.config import REGISTRY, PlanSettings
-from turingbox_plugin.contract import BENCHMARK_MODE_ENV, RUNTIME_DIR_ENV, ModelConfig
+from turingbox_plugin.contract import AUTOTUNE_THREADS_ENV, BENCHMARK_MODE_ENV, RUNTIME_DIR_ENV, ModelConfig
 
 WORKER_CLS = "turingbox_plugin.worker.TuringboxWorker"
 CONTEXT_ROUNDING = 256          # a shrunk max_model_len is rounded down to this
@@ -756,8 +756,9 @@ def _assemble(c: Candidate, model: ModelConfig, s: PlanSettings, software: Mappi
         reasons.append(f"served as {served} and {DEMO_ALIAS}: requests may name either (vLLM answers to every "
                        f"--served-model-name), and responses and metrics name {served}; {DEMO_ALIAS} is the same "
                        "on every machine, whichever demo variant fits.")
-    # runtime_dir and benchmark_mode travel as environment variables, not in the plugin config: vLLM hashes
-    # additional_config into its compile-cache key, so anything volatile there would split the cache.
+    # runtime_dir, benchmark_mode and autotune_compile_threads travel as environment variables, not in the plugin
+    # config: vLLM hashes additional_config into its compile-cache key, so anything volatile there would split the
+    # cache (and a CPU count changes no kernel).
     plugin = PluginConfig(strict_warmup=bool(s.strict_warmup), require_plugin=bool(s.require_plugin),
                           gdn=r.gdn_path, num_speculative_tokens=c.num_spec, max_num_seqs=z.max_num_seqs,
                           cudagraph_capture_sizes=capture)
@@ -800,6 +801,8 @@ def _assemble(c: Candidate, model: ModelConfig, s: PlanSettings, software: Mappi
             "TRITON_CACHE_AUTOTUNING": "1",
             RUNTIME_DIR_ENV: str(s.runtime_dir),          # PLUGIN_ENV: the settings' values under the plugin's names
             BENCHMARK_MODE_ENV: "1" if s.benchmark_mode else "0",
+            # None: unset, the plugin's default (the worker's CPUs per GPU worker)
+            AUTOTUNE_THREADS_ENV: str(s.autotune_compile_threads) if s.autotune_compile_threads else None,
             "VLLM_PLUGINS": None,           # None = remove from the environment (all plugins load)
             # `vllm serve` spawns its engine core (a fresh interpreter that imports everything again) unless told
             # otherwise; vLLM itself falls back to spawn if CUDA is initialised in the API server after all.

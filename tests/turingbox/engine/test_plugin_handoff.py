@@ -104,3 +104,14 @@ def test_unset_keys_are_the_contracts_defaults(model_dir):
     section, _ = handed(model_dir)
     for key in (k for k, names in S.PLUGIN_CONFIG.items() if not names):
         assert section[key] == getattr(PluginConfig(), key), key
+
+
+def test_the_autotune_compile_threads_travel_in_the_engines_environment_not_in_vllms_cache_key(model_dir):
+    """A CPU count changes no kernel: in --additional-config (which vLLM hashes into its compile-cache key) it would
+    split the cache between machines; it travels as the contract's engine variable, unset by default."""
+    from turingbox_plugin.contract import AUTOTUNE_THREADS_ENV
+    section, env = handed(model_dir)
+    assert "autotune_compile_threads" not in section and env[AUTOTUNE_THREADS_ENV] is None   # None: unset
+    section3, env3 = handed(model_dir, TURINGBOX_AUTOTUNE_COMPILE_THREADS="3")
+    assert section3 == section and env3[AUTOTUNE_THREADS_ENV] == "3"
+    assert resolve_settings({CONFIG_KEY: section3}, {AUTOTUNE_THREADS_ENV: "3"}).autotune_compile_threads == 3

@@ -458,7 +458,7 @@ def test_api_key_off_is_a_logged_warning_and_shown_in_the_plan(serve_factory, va
 
 def test_the_plugin_in_vllm_reads_resolved_values_not_the_raw_turingbox_variables(serve_factory, tmp_path):
     """TURINGBOX_GDN=auto (the documented default) reached the workers raw and the plugin refused it. Now the
-    plugin reads only its contract (turingbox_plugin.contract): the additional_config section and the two
+    plugin reads only its contract (turingbox_plugin.contract): the additional_config section and the
     ENGINE_ENV variables (TBPLUGIN_*), which the plan sets. The operator's raw TURINGBOX_* variables are still in
     vLLM's environment, and the plugin's settings, resolved from the child's real environment and argv, are the
     plan's anyway."""
@@ -476,7 +476,8 @@ def test_the_plugin_in_vllm_reads_resolved_values_not_the_raw_turingbox_variable
     child = json.loads(dump.read_text())
     plan = s.get("/turingbox/plan").json()
     assert child["TURINGBOX_GDN"] == "auto"          # no stripping: the plugin never reads it
-    assert {k: child[k] for k in ENGINE_ENV} == {k: plan["env"][k] for k in ENGINE_ENV}
+    # (a variable the plan leaves unset, None, is not in the child's environment)
+    assert {k: child.get(k) for k in ENGINE_ENV} == {k: plan["env"][k] for k in ENGINE_ENV}
     assert all(k.startswith("TBPLUGIN_") for k in ENGINE_ENV) and child["TURINGBOX_BENCHMARK_MODE"] == "0"
     instance = child[RUNTIME_DIR_ENV]                  # the engine's own directory under the configured one
     assert os.path.dirname(instance) == os.path.join(s.tmp, "runtime") and os.path.isdir(instance)
@@ -487,7 +488,7 @@ def test_the_plugin_in_vllm_reads_resolved_values_not_the_raw_turingbox_variable
     settings = resolve_settings(argv_additional_config(argv), env=child)      # raised "gdn = 'auto'" before
     assert settings.gdn == plan["plugin"]["gdn"] == "vllm" and settings.strict_warmup is False
     assert settings.to_dict() == {**plan["plugin"], "active": True, "runtime_dir": instance, "benchmark_mode": False,
-                                  "source": "additional_config"}
+                                  "autotune_compile_threads": None, "source": "additional_config"}
 
 
 def test_bad_settings_exit_2_with_one_sentence(serve_factory):
