@@ -651,7 +651,8 @@ def starts_table(phases: dict) -> list[dict]:
                          "first_ttft_s": r.get("first_ttft_s"), "later_ttft_median_s": r.get("later_ttft_median_s"),
                          "compiled": r.get("compiled"), "graphs_compiled": sig.get("graphs_compiled"),
                          "autotune_configs_benched": sig.get("autotune_configs_benched"),
-                         "profile_run_s": sig.get("profile_run_s"), "jit_after_ready": sig.get("jit_after_ready")})
+                         "profile_run_s": sig.get("profile_run_s"), "jit_after_ready": sig.get("jit_after_ready"),
+                         "flashinfer_builds": sig.get("flashinfer_builds")})
     return rows
 
 
@@ -707,8 +708,7 @@ def fair_ab(phases: dict) -> dict:
 
     def cold_start(r: dict) -> dict:
         return {"ready_s": r["ready_s"], "flashinfer_prebuilt": bool((r.get("start") or {}).get("flashinfer_prebuilt")),
-                "flashinfer_builds": (((phases.get(r["record"]) or {}).get(r["server"]) or {}).get("log_signals")
-                                      or {}).get("flashinfer_builds")}
+                "flashinfer_builds": r.get("flashinfer_builds")}
 
     empties = [r for r in rows if r["record"].split("+")[0] == "empty" and r.get("ready_s")]
     cold: dict = {}

@@ -97,9 +97,10 @@ build_modelinfos_once() {
 # What the image gives every new cache entry (Dockerfile ENV), for the phases that start turingbox cold outside the
 # startup bench: vLLM's model infos, and FlashInfer's sampling module when bench/gpu/stage-extras.sh staged it. One
 # KEY=VALUE per line (`env $(image_env) ...`, or `--env` each for side_by_side.py).
+FI_AOT=/tmp/dw/fi-aot     # FlashInfer's modules as stage-extras.sh builds them (the image's /opt/turingbox/flashinfer-aot)
 image_env() {
   build_modelinfos_once; echo "TURINGBOX_AOT_MODELINFOS_DIR=/tmp/tb-modelinfos"
-  [ ! -d /tmp/dw/fi-aot/.cache/flashinfer ] || echo "TURINGBOX_AOT_FLASHINFER_DIR=/tmp/dw/fi-aot"; }
+  [ ! -d $FI_AOT/.cache/flashinfer ] || echo "TURINGBOX_AOT_FLASHINFER_DIR=$FI_AOT"; }
 for phase in "$@"; do
   echo "=== $phase start $(date +%T)"
   t0=$(date +%s)
@@ -316,15 +317,14 @@ for phase in "$@"; do
               [ -z "${BENCH_MODEL:-}" ] || [ -d "$BENCH_MODEL" ] || python3 -m turingbox demo-model "$BENCH_MODEL" \
                 --layers "${BENCH_LAYERS:-4}" > $R/demo-model.txt 2>&1
               default_steps="empty|--only plain;seed|;seeded|"
-              fi_aot=/tmp/dw/fi-aot
               if [ "$phase" = coldab ]; then   # ~190 + ~290 + ~380 s on an H100 (estimates from sessions 17, 27, 28)
-                default_steps="empty|--only turingbox --label imageaot --tb-env TURINGBOX_AOT_FLASHINFER_DIR=$fi_aot;empty|--only plain --label jitcache --plain-flashinfer-prebuilt $fi_aot;empty|--only plain"
+                default_steps="empty|--only turingbox --label imageaot --tb-env TURINGBOX_AOT_FLASHINFER_DIR=$FI_AOT;empty|--only plain --label jitcache --plain-flashinfer-prebuilt $FI_AOT;empty|--only plain"
                 # the first start must not be the only one to read the installed packages from disk
                 find /tmp/site -type f -print0 | xargs -0 cat > /dev/null 2>&1
               fi
               IFS=';' read -ra steps <<< "${STARTUP_STEPS:-$default_steps}"
-              if [ "$phase" = coldab ] && [ ! -d $fi_aot/.cache/flashinfer ]; then
-                echo "coldab: $fi_aot is not staged (bench/gpu/stage-extras.sh); without it every cold start pays" \
+              if [ "$phase" = coldab ] && [ ! -d $FI_AOT/.cache/flashinfer ]; then
+                echo "coldab: $FI_AOT is not staged (bench/gpu/stage-extras.sh); without it every cold start pays" \
                   "FlashInfer's nvcc: not run" >> $R/startup.txt; steps=()
               fi
               mkdir -p $R/startup; rm -f /tmp/session/dumps.stop
