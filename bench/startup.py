@@ -14,8 +14,9 @@ One phase per invocation, so each fits a 10-minute GPU call; state (caches, resu
 
 Per server and phase: time to ready (plain: vLLM's /health and /v1/models answer; turingbox:
 /health/ready, which includes its warmup), a per-stage breakdown from the arrival time of vLLM's
-own log lines, the first request's TTFT and the median of the next three, and log evidence of
-work a warm start should not do (graphs compiled vs loaded, Triton autotuning, FlashInfer builds).
+own log lines, the first request's TTFT and the median of the next three, log evidence of work a
+warm start should not do (graphs compiled vs loaded, Triton autotuning), and what it compiled on disk
+(Triton kernels; FlashInfer modules built, which vLLM's log does not show).
 With two GPUs (--gpus 0,1) the two servers start at the same time, one per GPU.
 
 Writes <out>/startup.json and <out>/startup.png (matplotlib, Agg), logs under <work>/logs/.
@@ -61,7 +62,6 @@ SIGNALS = {
     "graphs_compiled": r"Compiling a graph for (compile range|dynamic shape)",
     "graphs_loaded_from_cache": r"Directly load (the compiled graph|AOT compilation)",
     "triton_autotuning": r"Triton autotuning for function",
-    "flashinfer_builds": r"(?i)flashinfer.*(ninja|building|compiling)",
     "jit_after_ready": r"Triton kernel JIT compilation during inference",     # vLLM's jit_monitor
     # Triton's own print (TRITON_PRINT_AUTOTUNING=1): one line per config benchmarked; 0 when results came from its
     # autotune cache (TRITON_CACHE_AUTOTUNING=1 and a hit) or from turingbox's entry
@@ -282,6 +282,24 @@ def signals(run: Run) -> dict:
     return out
 
 
+# The file turingbox's baked FlashInfer modules carry (turingbox.cache.flashinfer_prebuilt.MARKER): a module folder with
+# it was copied into the entry, not built by this start.
+FLASHINFER_PREBUILT_MARKER = "turingbox-prebuilt.json"
+
+
+def count_flashinfer_built(root: str) -> int:
+    """FlashInfer modules JIT-built (nvcc) under a cache root: `<uri>.so` in `.../cached_ops/<uri>/` without turingbox's
+    prebuilt marker. Counted on disk because FlashInfer's JIT logs through its own logger, which vLLM's log does not
+    carry: session 30's plain start built its sampling module (~108 s) with no line about it."""
+    n = 0
+    for dirpath, _subdirs, files in os.walk(root):
+        uri = os.path.basename(dirpath)
+        if (os.path.basename(os.path.dirname(dirpath)) == "cached_ops" and f"{uri}.so" in files
+                and FLASHINFER_PREBUILT_MARKER not in files):
+            n += 1
+    return n
+
+
 def count_compiled(root: str) -> int:
     """Compiled kernels on disk under a cache root: Triton's .cubin files (one per compiled kernel variant, written
     whether the compile happened in the profile run, the warmup or a request) plus FlashInfer's built modules."""
@@ -292,11 +310,13 @@ def count_compiled(root: str) -> int:
 
 
 def measure(run: Run, served: str, deadline: float, upstream_port: int, ready_checks: list[tuple[int, str]],
-            request_port: int, cache_root: str | None = None, compiled_before: int | None = None) -> dict:
+            request_port: int, cache_root: str | None = None, compiled_before: int | None = None,
+            flashinfer_before: int | None = None) -> dict:
     upstream = wait_until(run, [(upstream_port, "/health"), (upstream_port, "/v1/models")], deadline)
     ready = upstream if upstream is None or ready_checks == [] else wait_until(run, ready_checks, deadline)
     res: dict = {"ready_s": ready, "upstream_ready_s": upstream, "exit": run.proc.poll()}
     at_ready = count_compiled(cache_root) if cache_root else None
+    fi_at_ready = count_flashinfer_built(cache_root) if cache_root else None
     if ready is None:
         res["error"] = ("exited with " + str(run.proc.returncode)) if run.proc.poll() is not None else \
             f"not ready within {deadline - run.t0:.0f} s"
@@ -312,6 +332,9 @@ def measure(run: Run, served: str, deadline: float, upstream_port: int, ready_ch
         # kernels compiled (new on disk) while starting, and by the four requests after ready
         res["compiled"] = {"before_start": compiled_before, "during_start": at_ready - compiled_before,
                            "after_ready": count_compiled(cache_root) - at_ready}
+        if flashinfer_before is not None:
+            res["flashinfer_built"] = {"before_start": flashinfer_before, "during_start": fi_at_ready - flashinfer_before,
+                                       "after_ready": count_flashinfer_built(cache_root) - fi_at_ready}
     res["stages_s"] = breakdown(run, upstream, ready)
     res["log_signals"] = signals(run)
     return res
@@ -454,23 +477,23 @@ class Bench:
     def start_plain(self, plan: dict, gpu: str, home: str, phase: str) -> tuple[Run, dict]:
         port = free_port()
         start = self.begin_start("plain", home, phase)
-        before = count_compiled(home)
+        before, fi_before = count_compiled(home), count_flashinfer_built(home)
         run = Run("plain", self.plain_argv(plan, port), self.plain_env(gpu, home),
                   self.path("logs", f"{phase}{self.log_suffix()}-plain.log"))
         return run, {"upstream_port": port, "ready_checks": [], "request_port": port, "cache_root": home,
-                     "compiled_before": before, "start": start}
+                     "compiled_before": before, "flashinfer_before": fi_before, "start": start}
 
     def start_turingbox(self, gpu: str, root: str, phase: str) -> tuple[Run, dict]:
         port, upstream = free_port(), free_port()
         start = self.begin_start("turingbox", root, phase)
-        before = count_compiled(root)
+        before, fi_before = count_compiled(root), count_flashinfer_built(root)
         wrap = shlex.split(self.a.tb_wrap)
         argv = [*wrap, sys.executable, "-m", "turingbox", "serve", "--host", "127.0.0.1", "--port", str(port),
                 "--upstream-port", str(upstream), *self.tb_args, *self.tb_passthrough]
         run = Run("turingbox", argv, self.tb_env(gpu, root, phase),
                   self.path("logs", f"{phase}{self.log_suffix()}-turingbox.log"), wrapped=bool(wrap))
         return run, {"upstream_port": upstream, "ready_checks": [(port, "/health/ready")], "request_port": port,
-                     "cache_root": root, "compiled_before": before, "start": start}
+                     "cache_root": root, "compiled_before": before, "flashinfer_before": fi_before, "start": start}
 
     def log_suffix(self) -> str:
         """A labelled run keeps its own log beside the baseline's (warm+start3-plain.log)."""
@@ -490,7 +513,8 @@ class Bench:
             for name, run, ports in runs:
                 t = threading.Thread(target=lambda n=name, r=run, p=ports: out.__setitem__(
                     n, {"start": p["start"], **measure(r, served, deadline, p["upstream_port"], p["ready_checks"],
-                                                       p["request_port"], p["cache_root"], p["compiled_before"])}))
+                                                       p["request_port"], p["cache_root"], p["compiled_before"],
+                                                       p["flashinfer_before"])}))
                 t.start()
                 threads.append(t)
             for t in threads:
@@ -506,7 +530,8 @@ class Bench:
                 try:
                     results[name] = {"start": ports["start"], **measure(
                         run, served, time.monotonic() + share, ports["upstream_port"], ports["ready_checks"],
-                        ports["request_port"], ports["cache_root"], ports["compiled_before"])}
+                        ports["request_port"], ports["cache_root"], ports["compiled_before"],
+                        ports["flashinfer_before"])}
                 finally:
                     run.stop()
         for name, r in results.items():
@@ -631,10 +656,12 @@ def criteria(phases: dict) -> dict:
         ratio = tb_seeded["first_ttft_s"] / tb_seeded["later_ttft_median_s"]
         out["seeded_first_over_later"] = round(ratio, 3)
         out["seeded_first_le_1.2x_later"] = ratio <= 1.2
-    sig = ((phases.get("seeded") or {}).get("turingbox") or {}).get("log_signals")
+    sig = tb_seeded.get("log_signals")
     if sig:
         out["seeded_no_compile_autotune_jit"] = not (sig.get("graphs_compiled") or sig.get("triton_autotuning")
-                                                     or sig.get("flashinfer_builds") or sig.get("jit_after_ready"))
+                                                     or sig.get("jit_after_ready")
+                                                     or sum((tb_seeded.get("flashinfer_built") or {}).get(k, 0)
+                                                            for k in ("during_start", "after_ready")))
     return out
 
 
@@ -647,12 +674,15 @@ def starts_table(phases: dict) -> list[dict]:
             if not isinstance(r, dict) or "ready_s" not in r:
                 continue
             sig = r.get("log_signals") or {}
+            built = r.get("flashinfer_built")     # on disk; records before session 30 have only a log count, which
+            # never saw a build (FlashInfer's JIT does not log into vLLM's log), so they say None
+            fi_builds = built["during_start"] + built["after_ready"] if built else None
             rows.append({"record": key, "server": server, "start": r.get("start"), "ready_s": r.get("ready_s"),
                          "first_ttft_s": r.get("first_ttft_s"), "later_ttft_median_s": r.get("later_ttft_median_s"),
                          "compiled": r.get("compiled"), "graphs_compiled": sig.get("graphs_compiled"),
                          "autotune_configs_benched": sig.get("autotune_configs_benched"),
                          "profile_run_s": sig.get("profile_run_s"), "jit_after_ready": sig.get("jit_after_ready"),
-                         "flashinfer_builds": sig.get("flashinfer_builds")})
+                         "flashinfer_builds": fi_builds})
     return rows
 
 
@@ -701,7 +731,7 @@ def fair_ab(phases: dict) -> dict:
                                         "plain_restarts_s": sorted(r["ready_s"] for r in restarts)}
     # Cold (issue 35 item 4): each turingbox start on empty caches vs plain vLLM's fastest empty start on record of the
     # same variant (vLLM flags and environment for both), e.g. the one given FlashInfer's prebuilt modules
-    # (--plain-flashinfer-prebuilt): each start says whether it had them, and how many FlashInfer builds its log shows.
+    # (--plain-flashinfer-prebuilt): each start says whether it had them, and how many FlashInfer modules it built (on disk).
     def common(record: str) -> tuple:
         v = (phases.get(record) or {}).get("variant") or {}
         return json.dumps([v.get("vllm_args") or [], v.get("env") or {}], sort_keys=True)

@@ -285,8 +285,9 @@ def test_plain_vllm_gets_flashinfers_prebuilt_modules_the_way_flashinfer_jit_cac
     (tmp_path / "model" / "config.json").write_bytes(open(QWEN36_CONFIG, "rb").read())
     module = baked_flashinfer_layout(tmp_path / "fi-aot")
     events = tmp_path / "events.jsonl"
+    same_env = ("--env", f"FAKE_VLLM_EVENTS={events}", "--env", "FAKE_FLASHINFER_ARCH=90a")
     r = bench(tmp_path, "empty", "--gpus", "0", "--plain-flashinfer-prebuilt", str(tmp_path / "fi-aot"),
-              "--env", f"FAKE_VLLM_EVENTS={events}", "--tb-env", f"TURINGBOX_AOT_FLASHINFER_DIR={tmp_path / 'fi-aot'}")
+              *same_env, "--tb-env", f"TURINGBOX_AOT_FLASHINFER_DIR={tmp_path / 'fi-aot'}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     results = json.load(open(tmp_path / "out" / "startup.json"))
     prebuilt = results["phases"]["empty"]["variant"]["plain_flashinfer_prebuilt"]
@@ -302,6 +303,12 @@ def test_plain_vllm_gets_flashinfers_prebuilt_modules_the_way_flashinfer_jit_cac
     cold = results["fair_ab"]["cold"]["empty"]
     assert cold["plain"] == "empty" and cold["plain_start"]["flashinfer_prebuilt"] is True
     assert cold["turingbox"]["flashinfer_prebuilt"] is True
+    # neither built the module: the stand-in engine found it where real FlashInfer looks (the stand-in package for
+    # plain vLLM, the entry's workspace for turingbox), and the bench counts builds on disk
+    assert cold["turingbox"]["flashinfer_builds"] == 0 and cold["plain_start"]["flashinfer_builds"] == 0
+    logs = tmp_path / "work" / "logs"
+    assert "FlashInfer sampling module prebuilt " in (logs / "empty-plain.log").read_text()
+    assert "FlashInfer sampling module loaded " in (logs / "empty-turingbox.log").read_text()
     assert cold["ratio"] == round(
         results["phases"]["empty"]["turingbox"]["ready_s"] / results["phases"]["empty"]["plain"]["ready_s"], 3)
     # a plain start of another variant (other vLLM flags) is no baseline for it
@@ -309,8 +316,19 @@ def test_plain_vllm_gets_flashinfers_prebuilt_modules_the_way_flashinfer_jit_cac
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     cold = json.load(open(tmp_path / "out" / "startup.json"))["fair_ab"]["cold"]
     assert set(cold) == {"empty"} and set(cold["empty"]["plain_empty_starts"]) == {"empty"}
+    # plain vLLM as pip installs it, same variant: it builds the module (nvcc) into its HOME, and the record says so
+    r = bench(tmp_path, "empty", "--gpus", "0", "--only", "plain", "--label", "installed", *same_env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    results = json.load(open(tmp_path / "out" / "startup.json"))
+    installed = results["fair_ab"]["cold"]["empty"]["plain_empty_starts"]["empty+installed"]
+    assert installed["flashinfer_prebuilt"] is False and installed["flashinfer_builds"] == 1
+    assert results["phases"]["empty+installed"]["plain"]["flashinfer_built"]["during_start"] == 1
+    assert (tmp_path / "work" / "plain-home" / ".cache" / "flashinfer" / "0.6.8.post1" / "90a" / "cached_ops"
+            / "sampling" / "sampling.so").exists()
     started = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "started"]
-    paths = {("turingbox" if "--worker-cls" in e["argv"] else "plain"): e.get("pythonpath") or "" for e in started}
+    paths = {}       # each server's first start (the A/B pair); the plain start as installed came later, without it
+    for e in started:
+        paths.setdefault("turingbox" if "--worker-cls" in e["argv"] else "plain", e.get("pythonpath") or "")
     standin = str(tmp_path / "work" / "flashinfer-jit-cache")
     assert paths["plain"].split(os.pathsep)[0] == standin and standin not in paths["turingbox"]
     # FlashInfer's own lookup (0.6.8.post1, as make test-setup unpacks it), in a process with plain vLLM's PYTHONPATH

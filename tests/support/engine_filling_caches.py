@@ -21,6 +21,35 @@ ARTEFACTS = {
 }
 
 
+def flashinfer_sampling_module() -> str | None:
+    """FlashInfer's first use of its sampling module, as flashinfer/jit (0.6.8) finds it: the prebuilt module of an
+    installed flashinfer-jit-cache package first, then the JIT workspace (FLASHINFER_WORKSPACE_BASE, else HOME), and an
+    nvcc build into that workspace when neither has it. Only when FAKE_FLASHINFER_ARCH names the arch folder (90a):
+    the stand-in then leaves on disk what a real start leaves. Its line about it is the stand-in's own: a real vLLM log
+    says nothing of the build (FlashInfer logs through its own logger), so the bench counts modules on disk."""
+    arch = os.environ.get("FAKE_FLASHINFER_ARCH")
+    if not arch:
+        return None
+    try:
+        import flashinfer_jit_cache
+        prebuilt = os.path.join(flashinfer_jit_cache.get_jit_cache_dir(), "sampling", "sampling.so")
+        if os.path.exists(prebuilt):
+            return f"prebuilt {prebuilt}"
+    except ImportError:
+        pass
+    workspace = os.environ.get("FLASHINFER_WORKSPACE_BASE") or os.path.expanduser("~")
+    module = os.path.join(workspace, ".cache", "flashinfer", os.environ.get("FAKE_FLASHINFER_VERSION", "0.6.8.post1"),
+                          arch, "cached_ops", "sampling")
+    if os.path.exists(os.path.join(module, "sampling.so")):
+        return f"loaded {module}"
+    os.makedirs(module, exist_ok=True)
+    with open(os.path.join(module, "build.ninja"), "w") as f:
+        f.write("build sampling.so: link sampling.cuda.o\n")
+    with open(os.path.join(module, "sampling.so"), "wb") as f:
+        f.write(b"\x7fELF" + b"\0" * 60)
+    return f"built {module}"
+
+
 def main() -> None:
     written, found = {}, []
     for var, (rel, data) in ARTEFACTS.items():
@@ -46,7 +75,10 @@ def main() -> None:
         # ENGINE_FAIL_WHEN_LOADED=<stage>: only a start that loads its graphs fails there (a seed's second start)
         if os.environ.get("ENGINE_FAIL_WHEN_LOADED") and "VLLM_CACHE_ROOT" in found:
             os.environ["FAKE_VLLM_FAIL_AT"] = os.environ["ENGINE_FAIL_WHEN_LOADED"]
+    sampling = flashinfer_sampling_module()
     print(f"engine_filling_caches: HOME {os.environ.get('HOME')}, found {json.dumps(sorted(found))}", flush=True)
+    if sampling:
+        print(f"engine_filling_caches: FlashInfer sampling module {sampling}", flush=True)
     print(f"engine_filling_caches: wrote {json.dumps(written, sort_keys=True)}", flush=True)
     os.execv(sys.executable, [sys.executable, FAKE_VLLM, *sys.argv[1:]])
 
