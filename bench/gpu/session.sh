@@ -254,17 +254,21 @@ for phase in "$@"; do
               # SOAK_CACHES=empty: no soakseed before it; turingbox serves from empty caches (a cold start, its strict
               # warmup compiling everything): the soak when the session's device time cannot also hold the seed
               rm -rf /tmp/tbsoak-seeded /tmp/tbsoak-plain
-              soak_env=()
+              soak_env=(); plain_caches=""
               if [ "${SOAK_CACHES:-seeded}" = empty ]; then echo "soak64: empty caches (no soakseed)" | tee $R/soak64-caches.txt
                 for kv in $(image_env); do soak_env+=(--env "$kv"); done; echo "image env: ${soak_env[*]}" >> $R/soak64-caches.txt
-              else cp -a /tmp/tbsoak /tmp/tbsoak-seeded; echo "soak64: a copy of soakseed's entry" > $R/soak64-caches.txt; fi
-              entry_as_plain_cache /tmp/tbsoak /tmp/tbsoak-plain
+                # plain vLLM starts on a copy of the entry the cold serve filled, made once the soak is done (as fixcheck
+                # does): a loading start (~3 min on an H200, session 17) instead of a second cold one (~6.5-8 min), so
+                # the soak and its replay fit one session's device time
+                plain_caches='mkdir -p /tmp/tbsoak-plain; cp -a /tmp/tbsoak-seeded/entries/$(ls /tmp/tbsoak-seeded/entries | head -1)/. /tmp/tbsoak-plain/; echo "plain caches: a copy of the cold serve entry" >> $OUT/soak64-caches.txt; '
+              else cp -a /tmp/tbsoak /tmp/tbsoak-seeded; echo "soak64: a copy of soakseed's entry" > $R/soak64-caches.txt
+                entry_as_plain_cache /tmp/tbsoak /tmp/tbsoak-plain; fi
               timeout $soak_limit python3 bench/gpu/side_by_side.py --model /tmp/demo --phase soak64 --gpus $one,$one \
                 --cache /tmp/tbsoak-seeded --plain-cache /tmp/tbsoak-plain --out $R --no-decode --ready-limit 900 \
                 ${SOAK_UTIL:+--env TURINGBOX_GPU_MEMORY_UTILIZATION=$SOAK_UTIL} "${soak_env[@]}" "${soak_after[@]}" \
                 --after-timeout $(( SOAK_MAX_S + SOAK_GATE_S + 600 )) \
                 ${IMPORT_PROFILE:+--env PYTHONPROFILEIMPORTTIME=1 --plain-env PYTHONPROFILEIMPORTTIME=1} \
-                --tb-after="touch /tmp/session/soak64.serving; ${soak_hostile}python3 -m turingbox bench decode --url http://127.0.0.1:\$PROXY_PORT --repeats 3 --max-tokens 256 --json --output \$OUT/bench-decode-soak64.json > \$OUT/bench-decode-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-before.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-before.txt; (for i in 1 2 3 4 5; do sleep 110; curl -s -m 20 http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-mid\$i.txt; done) > /dev/null 2>&1 & python3 bench/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; $(gpu_memory soak64); curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-after.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-after.txt; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; $(soak_gate serving)"
+                --tb-after="touch /tmp/session/soak64.serving; ${soak_hostile}python3 -m turingbox bench decode --url http://127.0.0.1:\$PROXY_PORT --repeats 3 --max-tokens 256 --json --output \$OUT/bench-decode-soak64.json > \$OUT/bench-decode-soak64.txt 2>&1; curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-before.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-before.txt; (for i in 1 2 3 4 5; do sleep 110; curl -s -m 20 http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-mid\$i.txt; done) > /dev/null 2>&1 & python3 bench/gpu/soak.py --url http://127.0.0.1:\$PROXY_PORT $soak_args --tag soak64 > \$OUT/soak-soak64.txt 2>&1; $(gpu_memory soak64); curl -s http://127.0.0.1:\$DIRECT_PORT/metrics > \$OUT/vllm-metrics-soak64-after.txt; curl -s http://127.0.0.1:\$PROXY_PORT/metrics > \$OUT/public-metrics-soak64-after.txt; python3 -m turingbox jit-report --url http://127.0.0.1:\$PROXY_PORT --output \$OUT/jit-report-soak64.json > \$OUT/jit-report-soak64.txt 2>&1; ${plain_caches}$(soak_gate serving)"
               touch /tmp/session/soak64.plain-serving
               python3 bench/gpu/soak.py --verdict --tag soak64 --out $R --log turingbox-soak64.log --log plain-soak64.log \
                 > $R/verdict-soak64.txt 2>&1 ;;
