@@ -282,42 +282,30 @@ def signals(run: Run) -> dict:
     return out
 
 
-# The file turingbox's baked FlashInfer modules carry (turingbox.cache.flashinfer_prebuilt.MARKER): a module folder with
-# it was copied into the entry, not built by this start.
-FLASHINFER_PREBUILT_MARKER = "turingbox-prebuilt.json"
-
-
-def count_flashinfer_built(root: str) -> int:
-    """FlashInfer modules JIT-built (nvcc) under a cache root: `<uri>.so` in `.../cached_ops/<uri>/` without turingbox's
-    prebuilt marker. Counted on disk because FlashInfer's JIT logs through its own logger, which vLLM's log does not
-    carry: session 30's plain start as installed built its sampling module (its sampler stage 132.7 s, 3.3 s with
-    the prebuilt module) with no line about it."""
-    n = 0
+def on_disk(root: str) -> dict[str, int]:
+    """What a cache root holds compiled, in one walk. "kernels": Triton's .cubin files (one per compiled kernel variant,
+    written whether the compile happened in the profile run, the warmup or a request) plus FlashInfer's modules.
+    "flashinfer_built": FlashInfer modules JIT-built (nvcc), a `cached_ops/<uri>/<uri>.so` without turingbox's prebuilt
+    marker (a module with it was copied into the entry). Counted on disk because FlashInfer's JIT logs through its own
+    logger, which vLLM's log does not carry: session 30's plain start as installed built its sampling module (its
+    sampler stage 132.7 s, 3.3 s with the prebuilt module) with no line about it."""
+    from turingbox.cache.flashinfer_prebuilt import MARKER
+    kernels = built = 0
     for dirpath, _subdirs, files in os.walk(root):
+        kernels += sum(1 for f in files
+                       if f.endswith((".cubin", ".hsaco")) or (f.endswith(".so") and "flashinfer" in dirpath))
         uri = os.path.basename(dirpath)
-        if (os.path.basename(os.path.dirname(dirpath)) == "cached_ops" and f"{uri}.so" in files
-                and FLASHINFER_PREBUILT_MARKER not in files):
-            n += 1
-    return n
-
-
-def count_compiled(root: str) -> int:
-    """Compiled kernels on disk under a cache root: Triton's .cubin files (one per compiled kernel variant, written
-    whether the compile happened in the profile run, the warmup or a request) plus FlashInfer's built modules."""
-    n = 0
-    for _dir, _subdirs, files in os.walk(root):
-        n += sum(1 for f in files if f.endswith((".cubin", ".hsaco")) or (f.endswith(".so") and "flashinfer" in _dir))
-    return n
+        if os.path.basename(os.path.dirname(dirpath)) == "cached_ops" and f"{uri}.so" in files and MARKER not in files:
+            built += 1
+    return {"kernels": kernels, "flashinfer_built": built}
 
 
 def measure(run: Run, served: str, deadline: float, upstream_port: int, ready_checks: list[tuple[int, str]],
-            request_port: int, cache_root: str | None = None, compiled_before: int | None = None,
-            flashinfer_before: int | None = None) -> dict:
+            request_port: int, cache_root: str | None = None, before: dict[str, int] | None = None) -> dict:
     upstream = wait_until(run, [(upstream_port, "/health"), (upstream_port, "/v1/models")], deadline)
     ready = upstream if upstream is None or ready_checks == [] else wait_until(run, ready_checks, deadline)
     res: dict = {"ready_s": ready, "upstream_ready_s": upstream, "exit": run.proc.poll()}
-    at_ready = count_compiled(cache_root) if cache_root else None
-    fi_at_ready = count_flashinfer_built(cache_root) if cache_root else None
+    at_ready = on_disk(cache_root) if cache_root else None
     if ready is None:
         res["error"] = ("exited with " + str(run.proc.returncode)) if run.proc.poll() is not None else \
             f"not ready within {deadline - run.t0:.0f} s"
@@ -329,13 +317,12 @@ def measure(run: Run, served: str, deadline: float, upstream_port: int, ready_ch
             res["later_ttft_median_s"] = round(statistics.median(later), 4)
         except (OSError, RuntimeError) as exc:
             res["ttft_error"] = f"{type(exc).__name__}: {exc}"
-    if cache_root and compiled_before is not None and at_ready is not None:
-        # kernels compiled (new on disk) while starting, and by the four requests after ready
-        res["compiled"] = {"before_start": compiled_before, "during_start": at_ready - compiled_before,
-                           "after_ready": count_compiled(cache_root) - at_ready}
-        if flashinfer_before is not None:
-            res["flashinfer_built"] = {"before_start": flashinfer_before, "during_start": fi_at_ready - flashinfer_before,
-                                       "after_ready": count_flashinfer_built(cache_root) - fi_at_ready}
+    if cache_root and before is not None and at_ready is not None:
+        # kernels compiled and FlashInfer modules built (new on disk) while starting, and by the four requests after ready
+        after = on_disk(cache_root)
+        for out_key, key in (("compiled", "kernels"), ("flashinfer_built", "flashinfer_built")):
+            res[out_key] = {"before_start": before[key], "during_start": at_ready[key] - before[key],
+                            "after_ready": after[key] - at_ready[key]}
     res["stages_s"] = breakdown(run, upstream, ready)
     res["log_signals"] = signals(run)
     return res
@@ -478,23 +465,23 @@ class Bench:
     def start_plain(self, plan: dict, gpu: str, home: str, phase: str) -> tuple[Run, dict]:
         port = free_port()
         start = self.begin_start("plain", home, phase)
-        before, fi_before = count_compiled(home), count_flashinfer_built(home)
+        before = on_disk(home)
         run = Run("plain", self.plain_argv(plan, port), self.plain_env(gpu, home),
                   self.path("logs", f"{phase}{self.log_suffix()}-plain.log"))
         return run, {"upstream_port": port, "ready_checks": [], "request_port": port, "cache_root": home,
-                     "compiled_before": before, "flashinfer_before": fi_before, "start": start}
+                     "before": before, "start": start}
 
     def start_turingbox(self, gpu: str, root: str, phase: str) -> tuple[Run, dict]:
         port, upstream = free_port(), free_port()
         start = self.begin_start("turingbox", root, phase)
-        before, fi_before = count_compiled(root), count_flashinfer_built(root)
+        before = on_disk(root)
         wrap = shlex.split(self.a.tb_wrap)
         argv = [*wrap, sys.executable, "-m", "turingbox", "serve", "--host", "127.0.0.1", "--port", str(port),
                 "--upstream-port", str(upstream), *self.tb_args, *self.tb_passthrough]
         run = Run("turingbox", argv, self.tb_env(gpu, root, phase),
                   self.path("logs", f"{phase}{self.log_suffix()}-turingbox.log"), wrapped=bool(wrap))
         return run, {"upstream_port": upstream, "ready_checks": [(port, "/health/ready")], "request_port": port,
-                     "cache_root": root, "compiled_before": before, "flashinfer_before": fi_before, "start": start}
+                     "cache_root": root, "before": before, "start": start}
 
     def log_suffix(self) -> str:
         """A labelled run keeps its own log beside the baseline's (warm+start3-plain.log)."""
@@ -514,8 +501,7 @@ class Bench:
             for name, run, ports in runs:
                 t = threading.Thread(target=lambda n=name, r=run, p=ports: out.__setitem__(
                     n, {"start": p["start"], **measure(r, served, deadline, p["upstream_port"], p["ready_checks"],
-                                                       p["request_port"], p["cache_root"], p["compiled_before"],
-                                                       p["flashinfer_before"])}))
+                                                       p["request_port"], p["cache_root"], p["before"])}))
                 t.start()
                 threads.append(t)
             for t in threads:
@@ -531,8 +517,7 @@ class Bench:
                 try:
                     results[name] = {"start": ports["start"], **measure(
                         run, served, time.monotonic() + share, ports["upstream_port"], ports["ready_checks"],
-                        ports["request_port"], ports["cache_root"], ports["compiled_before"],
-                        ports["flashinfer_before"])}
+                        ports["request_port"], ports["cache_root"], ports["before"])}
                 finally:
                     run.stop()
         for name, r in results.items():

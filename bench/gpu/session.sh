@@ -72,6 +72,7 @@ soak_limit=$(( SOAK_MAX_S + 2 * SOAK_GATE_S + 2400 ))
 # Plain vLLM's cache root made from a turingbox cache root's entry (its vllm/, triton/, inductor/; empty without one)
 entry_as_plain_cache() { local key; mkdir -p "$2"; key=$(ls "$1/entries" 2>/dev/null | head -1)
   [ -z "$key" ] || cp -a "$1/entries/$key/." "$2/"; }
+export -f entry_as_plain_cache    # side_by_side.py's hooks (bash -c) call it too
 # Issue 18's bench steps (startup, startupx): $1 phase, $2 bench flags; BENCH_TB_WRAP passes through the environment.
 startup_step() {
   echo "--- $1 $2 $(date +%T)" >> $R/startup.txt
@@ -260,7 +261,7 @@ for phase in "$@"; do
                 # plain vLLM starts on a copy of the entry the cold serve filled, made once the soak is done (as fixcheck
                 # does): a loading start (~3 min on an H200, session 17) instead of a second cold one (~6.5-8 min), so
                 # the soak and its replay fit one session's device time
-                plain_caches='mkdir -p /tmp/tbsoak-plain; cp -a /tmp/tbsoak-seeded/entries/$(ls /tmp/tbsoak-seeded/entries | head -1)/. /tmp/tbsoak-plain/; echo "plain caches: a copy of the cold serve entry" >> $OUT/soak64-caches.txt; '
+                plain_caches='entry_as_plain_cache /tmp/tbsoak-seeded /tmp/tbsoak-plain; echo "plain caches: a copy of the cold serve entry" >> $OUT/soak64-caches.txt; '
               else cp -a /tmp/tbsoak /tmp/tbsoak-seeded; echo "soak64: a copy of soakseed's entry" > $R/soak64-caches.txt
                 entry_as_plain_cache /tmp/tbsoak /tmp/tbsoak-plain; fi
               timeout $soak_limit python3 bench/gpu/side_by_side.py --model /tmp/demo --phase soak64 --gpus $one,$one \
