@@ -55,13 +55,14 @@ other=$([ "$ngpu" -ge 2 ] && echo 1 || echo 0)
 one=${LANE_GPU:-$other}     # the GPU of the one-GPU phases (gdn, gdnbench, tools, greedy, clients) in this lane
 # Traffic soak (issue 15; soakseed, soak64, soakawq): bench/gpu/soak.py's knobs, read by the --after hooks too.
 # SOAK_PEER names the phase of the other lane sharing this GPU (soak_gate.sh: starts and stops take turns).
-# SOAK_WORKERS: client loops drawing groups (more offer more load; the semaphore keeps 32 in flight at most);
+# SOAK_WORKERS: client loops drawing groups (more offer more load; the semaphore keeps 32 in flight at most; 0: one per
+# sequence slot of the plan, at least 3);
 # REPLAY_ARGS: soak.py --replay's sample size and concurrency against plain vLLM.
 # IMPORT_PROFILE=1: soak64's two starts with -X importtime (bench/import_profile.py; ~14,000 lines per log).
 # SOAK_UTIL: the soak's GPU share (empty: the plan's own, issue 37's soak at the plan's defaults; session 8 ran 0.55
 # beside a second lane).
 export SOAK_S=${SOAK_S:-600} SOAK_MIN_REQ=${SOAK_MIN_REQ:-2000} SOAK_MAX_S=${SOAK_MAX_S:-1500} SOAK_SEED=${SOAK_SEED:-15} \
-  SOAK_GATE_S=${SOAK_GATE_S:-900} SOAK_PEER=${SOAK_PEER:-} SOAK_WORKERS=${SOAK_WORKERS:-3} \
+  SOAK_GATE_S=${SOAK_GATE_S:-900} SOAK_PEER=${SOAK_PEER:-} SOAK_WORKERS=${SOAK_WORKERS:-0} \
   REPLAY_ARGS=${REPLAY_ARGS:-"--sample 200 --replay-concurrency 4"}
 soak_args='--seed $SOAK_SEED --duration $SOAK_S --min-requests $SOAK_MIN_REQ --max-duration $SOAK_MAX_S --workers $SOAK_WORKERS --out $OUT'
 soak_gate() { [ -z "$SOAK_PEER" ] || echo "bash bench/gpu/soak_gate.sh $SOAK_PEER $1 $SOAK_GATE_S >> \$OUT/soak-gates.txt 2>&1"; }

@@ -459,7 +459,9 @@ class Soak:
         stop = asyncio.Event()
         jit_task = asyncio.create_task(self.jit_loop(stop))
         lock = asyncio.Lock()
-        workers = [asyncio.create_task(self.worker(gen, lock, i)) for i in range(a.workers)]
+        n_workers = workers_for(a.workers, info.get("max_num_seqs"))
+        log(f"{n_workers} client loops ({'--workers' if a.workers else 'one per sequence slot of the plan, at least 3'})")
+        workers = [asyncio.create_task(self.worker(gen, lock, i)) for i in range(n_workers)]
         done, pending = await asyncio.wait(workers, timeout=max(1.0, a.max_duration - (time.time() - self.t0)))
         hard_stop = bool(pending)
         for t in pending:
@@ -477,6 +479,7 @@ class Soak:
             "tag": a.tag, "url": self.url, "seed": a.seed, "argv": sys.argv, "server": info,
             "calibration": cal.__dict__, "duration_s": round(time.time() - self.t0, 1),
             "hard_stop": hard_stop, "aborted": self.aborted, "max_inflight": self.max_inflight, "first_check": first,
+            "workers": n_workers,
             "jsonl": os.path.basename(jsonl)})
         with open(os.path.join(a.out, f"soak-{a.tag}.json"), "w") as f:
             json.dump(summary, f, indent=1)
@@ -485,6 +488,12 @@ class Soak:
         with open(os.path.join(a.out, f"soak-{a.tag}.json"), "w") as f:
             json.dump(summary, f, indent=1)
         return summary
+
+
+def workers_for(asked: int, max_num_seqs: int | None) -> int:
+    """Client loops: as asked, or (0) one per sequence slot the plan schedules, at least 3. Fewer loops than slots leave
+    the engine idle and the soak client-bound: 3 loops kept session 23's 2 sequences full, 8 are needed at 8."""
+    return asked if asked > 0 else max(3, int(max_num_seqs or 0))
 
 
 def summarize(records: list[dict], jit_samples: list[dict], meta: dict) -> dict:
@@ -894,7 +903,9 @@ def main() -> int:
     ap.add_argument("--max-duration", type=float, default=None, help="hard stop (s; default 3 x --duration)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     ap.add_argument("--tag", default="")
-    ap.add_argument("--workers", type=int, default=3, help="client loops drawing groups (single/sequential/burst)")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="client loops drawing groups (single/sequential/burst); 0: one per sequence slot of the "
+                         "server's plan (/turingbox/plan's max_num_seqs), at least 3")
     ap.add_argument("--max-concurrency", type=int, default=32)
     ap.add_argument("--metrics-every", type=float, default=5.0)
     ap.add_argument("--model", default="", help="override the served model name")

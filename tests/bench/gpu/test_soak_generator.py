@@ -94,6 +94,13 @@ def test_message_class_and_metrics_parsing():
     assert total == 2.0 and by == {"0:_causal_conv1d_fwd_kernel": 2.0}
 
 
+def test_client_loops_fill_the_plans_sequence_slots():
+    soak = importlib.import_module("soak")
+    # H100 plan (2 sequences): session 23's 3 loops; H200 plan (8): 8; a server without a plan (plain vLLM): 3
+    assert [soak.workers_for(0, m) for m in (2, 8, None)] == [3, 8, 3]
+    assert soak.workers_for(5, 8) == 5     # asked for: as asked
+
+
 def test_short_soak_through_the_sidecar_then_replay(tmp_path):
     serve = H.Serve(str(tmp_path / "serve"), env={"TURINGBOX_MAX_MODEL_LEN": "8192", "FAKE_VLLM_MAX_MODEL_LEN": "8192"})
     fake = None
@@ -111,6 +118,8 @@ def test_short_soak_through_the_sidecar_then_replay(tmp_path):
         recs = [json.loads(l) for l in (out / "soak-cpu.jsonl").read_text().splitlines()]
         assert summary["requests"] == len(recs) >= 150
         assert summary["server"]["source"] == "/turingbox/plan" and summary["server"]["max_model_len"] == 8192
+        # no --workers: one client loop per sequence slot of the plan the sidecar serves, at least 3
+        assert summary["server"]["max_num_seqs"] and summary["workers"] == max(3, summary["server"]["max_num_seqs"])
         assert summary["jit_after_ready"]["start"] == 0 and summary["jit_after_ready"]["delta"] == 0
         assert summary["by_status"].get("200", 0) > 50
         # the fake refuses min_p / logit_bias like vLLM with MTP, and prompts over its max_model_len
