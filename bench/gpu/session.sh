@@ -219,14 +219,13 @@ for phase in "$@"; do
               export TURINGBOX_ENFORCE_EAGER=1 TURINGBOX_GPU_MEMORY_UTILIZATION=0.5
               # turingbox starts as the image starts it (its model infos and, when staged, FlashInfer's module): the
               # cold start is most of this phase's device time (292 s in session 27 without them)
-              mt_env=$(image_env); echo "image env: $mt_env" > $R/mintokens-image-env.txt; export $mt_env
-              CUDA_VISIBLE_DEVICES=$one python3 -m turingbox plan --model /tmp/demo4 --json > $R/plan-mintokens.json
+              mt_env=$(image_env); echo "image env: $mt_env" > $R/mintokens-image-env.txt
+              env CUDA_VISIBLE_DEVICES=$one $mt_env python3 -m turingbox plan --model /tmp/demo4 --json > $R/plan-mintokens.json
               python3 -c "import json; json.dump(json.load(open('bench/gpu/min_tokens_candidates.json'))[:1], open('/tmp/mintokens-plain.json', 'w'))"
               rm -rf /tmp/mt-tb /tmp/mt-plain
-              CUDA_VISIBLE_DEVICES=$one OUT=$R timeout 660 python3 bench/gpu/crash_bisect.py --plan $R/plan-mintokens.json \
+              env CUDA_VISIBLE_DEVICES=$one OUT=$R $mt_env timeout 660 python3 bench/gpu/crash_bisect.py --plan $R/plan-mintokens.json \
                 --candidates bench/gpu/min_tokens_candidates.json --mode turingbox --repeat 1 --port 8400 \
                 --cache /tmp/mt-tb --ready-limit 540 > $R/mintokens-turingbox.txt 2>&1
-              for kv in $mt_env; do unset "${kv%%=*}"; done    # plain vLLM gets no image settings
               # MINTOKENS_PLAIN=0: turingbox's side only (plain's 500 is on record from sessions 25 and 27)
               if [ "${MINTOKENS_PLAIN:-1}" != 0 ]; then
               entry_as_plain_cache /tmp/mt-tb /tmp/mt-plain
